@@ -1,0 +1,89 @@
+"""Notebook conventions: one call that makes a chapter reproducible.
+
+Every chapter of the book calls :func:`setup` once, in its first code cell, so
+that stored outputs equal a fresh run (the book's CI checks this with nbval).
+
+See also
+--------
+CONTRIBUTING.md, "Adding a chapter".
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["get_device", "seed_everything", "setup"]
+
+#: Matplotlib settings shared by every figure in the book.
+PLOT_STYLE: dict[str, object] = {
+    "figure.figsize": (5.0, 4.0),
+    "figure.dpi": 100,
+    "savefig.dpi": 100,
+    "savefig.bbox": "tight",
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "image.cmap": "viridis",
+    "svg.hashsalt": "qkv",
+}
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python's, NumPy's and torch's random number generators (all devices).
+
+    Parameters
+    ----------
+    seed : int
+        The seed.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA too, when present
+
+
+def setup(seed: int = 0) -> None:
+    """Make a notebook reproducible; call once at the top of a chapter.
+
+    Seeds Python, NumPy and torch; asks torch for deterministic algorithms;
+    sets short, fixed print precision for tensors and arrays; and applies the
+    book's matplotlib style when matplotlib is installed. Prints nothing.
+
+    Parameters
+    ----------
+    seed : int
+        The seed for every random number generator.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> qkv.setup()
+    """
+    # cuBLAS needs this before its first use to be deterministic on CUDA.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    seed_everything(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)
+    np.set_printoptions(precision=4, suppress=True, linewidth=100)
+    try:
+        import matplotlib as mpl
+    except ImportError:  # figures are optional; qkv itself does not need them
+        return
+    mpl.rcParams.update(PLOT_STYLE)
+
+
+def get_device() -> torch.device:
+    """The device chapters run on: CUDA when available, else the CPU.
+
+    Returns
+    -------
+    torch.device
+    """
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
