@@ -5,15 +5,39 @@ importable from the top level::
 
     import qkv
     output, weights = qkv.attention(query, key, value, mask=qkv.causal_mask(T))
+
+Conversions to and from other libraries live in :mod:`qkv.interop`.
 """
 
+from qkv import interop
+from qkv.attention import attention, fused_attention
+from qkv.heads import HeadWeights, merge_heads, multi_head_attention, split_heads
+from qkv.masks import additive_mask, causal_mask, from_torch_mask, padding_mask
+from qkv.multihead import AttentionHead, MultiHeadAttention, PerHeadMultiHeadAttention
 from qkv.notebook import get_device, seed_everything, setup
+from qkv.plots import plot_attention, plot_heads
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionHead",
+    "HeadWeights",
+    "MultiHeadAttention",
+    "PerHeadMultiHeadAttention",
     "__version__",
+    "additive_mask",
+    "attention",
+    "causal_mask",
+    "from_torch_mask",
+    "fused_attention",
     "get_device",
+    "interop",
+    "merge_heads",
+    "multi_head_attention",
+    "padding_mask",
+    "plot_attention",
+    "plot_heads",
     "seed_everything",
     "setup",
+    "split_heads",
 ]

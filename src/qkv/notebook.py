@@ -53,6 +53,7 @@ def setup(seed: int = 0) -> None:
     """Make a notebook reproducible; call once at the top of a chapter.
 
     Seeds Python, NumPy and torch; asks torch for deterministic algorithms;
+    makes Keras use its torch backend (unless ``KERAS_BACKEND`` is already set);
     sets short, fixed print precision for tensors and arrays; and applies the
     book's matplotlib style when matplotlib is installed. Prints nothing.
 
@@ -68,6 +69,8 @@ def setup(seed: int = 0) -> None:
     """
     # cuBLAS needs this before its first use to be deterministic on CUDA.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # The book runs Keras on its torch backend (no TensorFlow); set before keras is imported.
+    os.environ.setdefault("KERAS_BACKEND", "torch")
     seed_everything(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)

@@ -1,0 +1,130 @@
+"""The one place where public entry points check their arguments.
+
+Every message names the argument, what was expected and what arrived, with
+the numbers, so that a mistake is found at the call that made it rather than
+deep inside a matrix product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def shape_str(shape: Sequence[int]) -> str:
+    """Format a shape as ``(2, 3, 4)``."""
+    return "(" + ", ".join(str(int(n)) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def require_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive int, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def require_tensor(
+    name: str,
+    x: object,
+    *,
+    ndim: int | None = None,
+    min_ndim: int | None = None,
+    layout: str | None = None,
+    floating: bool = True,
+) -> Tensor:
+    """Check that ``x`` is a tensor of the right kind and rank.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, used in the message.
+    x : object
+        What was passed.
+    ndim, min_ndim : int, optional
+        The exact or the least number of dimensions.
+    layout : str, optional
+        A description of the expected axes, e.g. ``"(B, T, embed_dim)"``.
+    floating : bool
+        Require a floating-point dtype.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    where = f" {layout}" if layout else ""
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(
+            f"{name} must have {ndim} dimensions{where}, got shape {shape_str(x.shape)}"
+        )
+    if min_ndim is not None and x.dim() < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions{where}, "
+            f"got shape {shape_str(x.shape)}"
+        )
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+def require_same_dtype_and_device(named: dict[str, Tensor]) -> None:
+    """Check that all tensors share one dtype and one device."""
+    items = list(named.items())
+    first_name, first = items[0]
+    for name, x in items[1:]:
+        if x.dtype != first.dtype:
+            raise TypeError(
+                f"{name} has dtype {x.dtype}, but {first_name} has dtype {first.dtype}; "
+                "convert one of them with .to()"
+            )
+        if x.device != first.device:
+            raise ValueError(
+                f"{name} is on {x.device}, but {first_name} is on {first.device}; "
+                "move one of them with .to()"
+            )
+
+
+def require_size(name: str, x: Tensor, dim: int, expected: int, what: str, against: str) -> None:
+    """Check one axis, e.g. ``key has 15 features, but kdim is 16``."""
+    got = x.shape[dim]
+    if got != expected:
+        raise ValueError(
+            f"{name} has {got} {what}, but {against} is {expected} "
+            f"({name} has shape {shape_str(x.shape)})"
+        )
+
+
+def require_mask(mask: object, target: Sequence[int], layout: str) -> Tensor:
+    """Check a boolean attention mask (True = may attend) against the scores' shape.
+
+    Parameters
+    ----------
+    mask : object
+        What was passed as the mask.
+    target : sequence of int
+        The shape of the attention scores the mask must broadcast to.
+    layout : str
+        The names of the target's axes, e.g. ``"(B, h, T, S)"``.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must be boolean (True = may attend), got dtype {mask.dtype}; "
+            "for a 0/1 mask use mask.bool(), for an additive mask use mask == 0"
+        )
+    target = tuple(target)
+    ok = mask.dim() <= len(target)
+    if ok:
+        try:
+            ok = torch.broadcast_shapes(mask.shape, target) == target
+        except RuntimeError:
+            ok = False
+    if not ok:
+        raise ValueError(
+            f"mask of shape {shape_str(mask.shape)} does not broadcast to the attention "
+            f"scores' shape {layout} = {shape_str(target)}; a padding mask over keys has "
+            "shape (B, 1, 1, S) (see qkv.padding_mask), a causal mask (T, S)"
+        )
+    return mask

@@ -1,0 +1,369 @@
+"""Heads: splitting features into heads, merging them back, and the per-head weights.
+
+"Attention Is All You Need" writes multi-head attention per head,
+``head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)``, then
+``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O``. Implementations
+instead keep one fused matrix per projection and reshape. :class:`HeadWeights`
+holds the weights in the paper's per-head form, in the paper's row-vector
+orientation (``Q_i = X W_i^Q + b_i^Q``), and :func:`multi_head_attention`
+computes the paper's equations from it directly.
+
+See also
+--------
+The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from qkv._validation import (
+    require_mask,
+    require_positive_int,
+    require_same_dtype_and_device,
+    require_size,
+    require_tensor,
+    shape_str,
+)
+from qkv.attention import explicit_attention
+
+__all__ = ["HeadWeights", "merge_heads", "multi_head_attention", "split_heads"]
+
+
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Split features into heads: ``(B, L, h·d) -> (B, h, L, d)``.
+
+    Head ``i`` receives the feature slice ``[i·d, (i+1)·d)``. This is
+    ``x.view(B, L, h, d).transpose(1, 2)``; the transpose matters (a bare
+    ``view(B, h, L, d)`` mixes positions into heads).
+
+    Parameters
+    ----------
+    x : Tensor, shape (B, L, h·d)
+    num_heads : int
+        h; must divide the last dimension.
+
+    Returns
+    -------
+    Tensor, shape (B, h, L, d)
+        A view of ``x`` (no copy).
+
+    See Also
+    --------
+    merge_heads : the inverse.
+    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> qkv.split_heads(torch.zeros(2, 5, 12), 3).shape
+    torch.Size([2, 3, 5, 4])
+    """
+    require_tensor("x", x, ndim=3, layout="(B, L, h·d)", floating=False)
+    require_positive_int("num_heads", num_heads)
+    features = x.shape[-1]
+    if features % num_heads:
+        raise ValueError(
+            f"x has {features} features, which num_heads={num_heads} does not divide "
+            f"(x has shape {shape_str(x.shape)})"
+        )
+    return split_heads_unchecked(x, num_heads)
+
+
+def split_heads_unchecked(x: Tensor, num_heads: int) -> Tensor:
+    """:func:`split_heads` without argument checks (for qkv's own modules)."""
+    batch, length, features = x.shape
+    return x.view(batch, length, num_heads, features // num_heads).transpose(1, 2)  # (B, h, L, d)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """Concatenate heads back into features: ``(B, h, L, d) -> (B, L, h·d)``.
+
+    The inverse of :func:`split_heads`: ``Concat(head_1, ..., head_h)`` along
+    the feature axis.
+
+    Parameters
+    ----------
+    x : Tensor, shape (B, h, L, d)
+
+    Returns
+    -------
+    Tensor, shape (B, L, h·d)
+
+    See Also
+    --------
+    split_heads
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> x = torch.randn(2, 5, 12)
+    >>> torch.equal(qkv.merge_heads(qkv.split_heads(x, 3)), x)
+    True
+    """
+    require_tensor("x", x, ndim=4, layout="(B, h, L, d)", floating=False)
+    return merge_heads_unchecked(x)
+
+
+def merge_heads_unchecked(x: Tensor) -> Tensor:
+    """:func:`merge_heads` without argument checks (for qkv's own modules)."""
+    batch, heads, length, dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * dim)  # (B, L, h·d)
+
+
+@dataclass(eq=False)
+class HeadWeights:
+    """The weights of multi-head attention in the paper's per-head form.
+
+    Row-vector orientation, as in "Attention Is All You Need":
+    ``Q_i = X W_i^Q + b_i^Q``, ``K_i = X W_i^K + b_i^K``, ``V_i = X W_i^V + b_i^V``,
+    ``output = Concat(head_1, ..., head_h) W^O + b^O``. (``nn.Linear`` stores the
+    transpose: its ``weight`` has shape (out, in).)
+
+    Attributes
+    ----------
+    w_q : Tensor, shape (h, d_model, d_k)
+    w_k : Tensor, shape (h, kdim, d_k)
+    w_v : Tensor, shape (h, vdim, d_v)
+    w_o : Tensor, shape (h·d_v, d_model)
+    b_q : Tensor, shape (h, d_k), or None when the layer has no bias
+    b_k : Tensor, shape (h, d_k), or None
+    b_v : Tensor, shape (h, d_v), or None
+    b_o : Tensor, shape (d_model,), or None
+
+    See Also
+    --------
+    multi_head_attention : the paper's equations computed from these weights.
+    MultiHeadAttention.from_heads, MultiHeadAttention.to_heads
+    qkv.interop : the same weights read from PyTorch, Hugging Face and Keras.
+    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+
+    Examples
+    --------
+    >>> import qkv
+    >>> hw = qkv.HeadWeights.random(embed_dim=12, num_heads=3, kdim=10, vdim=7)
+    >>> hw.w_q.shape, hw.w_k.shape, hw.w_v.shape, hw.w_o.shape
+    (torch.Size([3, 12, 4]), torch.Size([3, 10, 4]), torch.Size([3, 7, 4]), torch.Size([12, 12]))
+    """
+
+    w_q: Tensor
+    w_k: Tensor
+    w_v: Tensor
+    w_o: Tensor
+    b_q: Tensor | None = None
+    b_k: Tensor | None = None
+    b_v: Tensor | None = None
+    b_o: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        w_q = require_tensor("w_q", self.w_q, ndim=3, layout="(h, d_model, d_k)")
+        w_k = require_tensor("w_k", self.w_k, ndim=3, layout="(h, kdim, d_k)")
+        w_v = require_tensor("w_v", self.w_v, ndim=3, layout="(h, vdim, d_v)")
+        w_o = require_tensor("w_o", self.w_o, ndim=2, layout="(h·d_v, d_model)")
+        require_same_dtype_and_device({"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o})
+        h, d_model, d_k = w_q.shape
+        d_v = w_v.shape[2]
+        require_size("w_k", w_k, 0, h, "heads", "the number of heads in w_q")
+        require_size("w_v", w_v, 0, h, "heads", "the number of heads in w_q")
+        require_size("w_k", w_k, 2, d_k, "features per head", "d_k from w_q")
+        require_size("w_o", w_o, 0, h * d_v, "rows", "h·d_v")
+        require_size("w_o", w_o, 1, d_model, "columns", "d_model from w_q")
+        biases = {"b_q": (h, d_k), "b_k": (h, d_k), "b_v": (h, d_v), "b_o": (d_model,)}
+        present = [name for name in biases if getattr(self, name) is not None]
+        if present and len(present) != len(biases):
+            missing = [name for name in biases if name not in present]
+            raise ValueError(
+                f"either all biases or none: got {', '.join(present)} "
+                f"but not {', '.join(missing)}"
+            )
+        for name in present:
+            b = require_tensor(name, getattr(self, name), ndim=len(biases[name]))
+            if tuple(b.shape) != biases[name]:
+                raise ValueError(
+                    f"{name} must have shape {shape_str(biases[name])}, "
+                    f"got {shape_str(b.shape)}"
+                )
+            require_same_dtype_and_device({"w_q": w_q, name: b})
+
+    @property
+    def num_heads(self) -> int:
+        """h, the number of heads."""
+        return self.w_q.shape[0]
+
+    @property
+    def embed_dim(self) -> int:
+        """d_model, the query's (and the output's) feature size."""
+        return self.w_q.shape[1]
+
+    @property
+    def kdim(self) -> int:
+        """The key input's feature size."""
+        return self.w_k.shape[1]
+
+    @property
+    def vdim(self) -> int:
+        """The value input's feature size."""
+        return self.w_v.shape[1]
+
+    @property
+    def d_k(self) -> int:
+        """The size of each head's queries and keys."""
+        return self.w_q.shape[2]
+
+    @property
+    def d_v(self) -> int:
+        """The size of each head's values."""
+        return self.w_v.shape[2]
+
+    @property
+    def bias(self) -> bool:
+        """Whether the layer has biases."""
+        return self.b_q is not None
+
+    def to(self, *args: object, **kwargs: object) -> HeadWeights:
+        """Return a copy with every tensor moved by ``Tensor.to(*args, **kwargs)``."""
+        moved = {
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(*args, **kwargs)
+            for f in fields(self)
+        }
+        return HeadWeights(**moved)
+
+    def detach(self) -> HeadWeights:
+        """Return a copy whose tensors are detached clones."""
+        return HeadWeights(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name).detach().clone()
+                for f in fields(self)
+            }
+        )
+
+    @classmethod
+    def random(
+        cls,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        bias: bool = True,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> HeadWeights:
+        """Random weights with the scale of a fresh ``nn.Linear`` (uniform, ±1/sqrt(fan_in)).
+
+        Parameters
+        ----------
+        embed_dim : int
+            d_model.
+        num_heads : int
+            h.
+        kdim, vdim : int, optional
+            Feature sizes of the key and value inputs; default ``embed_dim``.
+        d_k, d_v : int, optional
+            Per-head sizes; default ``embed_dim // num_heads`` (which must then divide).
+        bias : bool
+            Whether to include biases.
+        dtype, device, generator
+            Passed to ``torch.rand``.
+
+        Returns
+        -------
+        HeadWeights
+        """
+        embed_dim = require_positive_int("embed_dim", embed_dim)
+        num_heads = require_positive_int("num_heads", num_heads)
+        kdim = embed_dim if kdim is None else require_positive_int("kdim", kdim)
+        vdim = embed_dim if vdim is None else require_positive_int("vdim", vdim)
+        if d_k is None:
+            if embed_dim % num_heads:
+                raise ValueError(
+                    f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
+                    "pass d_k explicitly"
+                )
+            d_k = embed_dim // num_heads
+        d_k = require_positive_int("d_k", d_k)
+        d_v = d_k if d_v is None else require_positive_int("d_v", d_v)
+
+        def uniform(shape: tuple[int, ...], fan_in: int) -> Tensor:
+            u = torch.rand(shape, dtype=dtype, device=device, generator=generator)
+            return (2 * u - 1) / fan_in**0.5
+
+        h = num_heads
+        return cls(
+            w_q=uniform((h, embed_dim, d_k), embed_dim),
+            w_k=uniform((h, kdim, d_k), kdim),
+            w_v=uniform((h, vdim, d_v), vdim),
+            w_o=uniform((h * d_v, embed_dim), h * d_v),
+            b_q=uniform((h, d_k), embed_dim) if bias else None,
+            b_k=uniform((h, d_k), kdim) if bias else None,
+            b_v=uniform((h, d_v), vdim) if bias else None,
+            b_o=uniform((embed_dim,), h * d_v) if bias else None,
+        )
+
+
+def multi_head_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    weights: HeadWeights,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Multi-head attention written as the paper writes it, from per-head weights.
+
+    ``head_i = softmax(Q_i K_iᵀ / sqrt(d_k)) V_i`` with ``Q_i = query W_i^Q + b_i^Q``
+    (and likewise K_i, V_i), then ``Concat(head_1, ..., head_h) W^O + b^O``.
+    A reference implementation: clear rather than fast.
+
+    Parameters
+    ----------
+    query : Tensor, shape (B, T, d_model)
+    key : Tensor, shape (B, S, kdim)
+    value : Tensor, shape (B, S, vdim)
+    weights : HeadWeights
+    mask : BoolTensor, optional, broadcastable to (B, h, T, S)
+        True means "may attend".
+
+    Returns
+    -------
+    output : Tensor, shape (B, T, d_model)
+    attention_weights : Tensor, shape (B, h, T, S)
+
+    See Also
+    --------
+    MultiHeadAttention : the same maths with fused projections.
+    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+    """
+    if not isinstance(weights, HeadWeights):
+        raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
+    q = require_tensor("query", query, ndim=3, layout="(B, T, d_model)")
+    k = require_tensor("key", key, ndim=3, layout="(B, S, kdim)")
+    v = require_tensor("value", value, ndim=3, layout="(B, S, vdim)")
+    require_same_dtype_and_device({"weights.w_q": weights.w_q, "query": q, "key": k, "value": v})
+    require_size("query", q, -1, weights.embed_dim, "features", "d_model")
+    require_size("key", k, -1, weights.kdim, "features", "kdim")
+    require_size("value", v, -1, weights.vdim, "features", "vdim")
+    require_size("value", v, 1, k.shape[1], "positions", "the key's length S")
+    require_size("key", k, 0, q.shape[0], "sequences in the batch", "the query's batch size")
+    require_size("value", v, 0, q.shape[0], "sequences in the batch", "the query's batch size")
+    if mask is not None:
+        target = (q.shape[0], weights.num_heads, q.shape[1], k.shape[1])
+        mask = require_mask(mask, target, "(B, h, T, S)")
+    w = weights
+    q_heads = torch.einsum("btm,hmd->bhtd", q, w.w_q)  # (B, h, T, d_k)
+    k_heads = torch.einsum("bsm,hmd->bhsd", k, w.w_k)  # (B, h, S, d_k)
+    v_heads = torch.einsum("bsm,hmd->bhsd", v, w.w_v)  # (B, h, S, d_v)
+    if w.bias:
+        q_heads = q_heads + w.b_q[None, :, None, :]  # (B, h, T, d_k)
+        k_heads = k_heads + w.b_k[None, :, None, :]  # (B, h, S, d_k)
+        v_heads = v_heads + w.b_v[None, :, None, :]  # (B, h, S, d_v)
+    heads, attention_weights = explicit_attention(q_heads, k_heads, v_heads, mask)  # (B, h, T, d_v)
+    output = merge_heads_unchecked(heads) @ w.w_o  # (B, T, d_model)
+    if w.bias:
+        output = output + w.b_o  # (B, T, d_model)
+    return output, attention_weights

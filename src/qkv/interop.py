@@ -1,0 +1,239 @@
+"""Interop: the same attention weights as PyTorch, Hugging Face and Keras lay them out.
+
+Every function converts to or from :class:`qkv.HeadWeights`, the paper's
+per-head form. The optional libraries (transformers, keras) are imported only
+inside the functions that need them; install them with ``pip install qkv[interop]``.
+
+=====================  ==================================  =====================================
+paper                  ``torch.nn.MultiheadAttention``     shape there
+=====================  ==================================  =====================================
+W^Q, W^K, W^V          ``in_proj_weight`` rows Q; K; V     (3·d_model, d_model), each W transposed
+W^Q, W^K, W^V          ``q/k/v_proj_weight`` (kdim/vdim)   (d_model, d_model/kdim/vdim)
+W^O                    ``out_proj.weight``                 (d_model, d_model), transposed
+=====================  ==================================  =====================================
+
+See also
+--------
+The chapter "One big W^Q or one per head?", section on real libraries (book/heads.ipynb).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from qkv.heads import HeadWeights
+
+__all__ = ["from_bert", "from_keras", "from_torch", "to_torch"]
+
+
+def _cut_rows(weight: Tensor, num_heads: int) -> Tensor:
+    """An ``nn.Linear`` weight (h·d, in) as per-head matrices (h, in, d), detached."""
+    out_features, in_features = weight.shape
+    d = out_features // num_heads
+    return weight.detach().view(num_heads, d, in_features).transpose(1, 2).clone()  # (h, in, d)
+
+
+def _cut_bias(bias: Tensor | None, num_heads: int) -> Tensor | None:
+    return None if bias is None else bias.detach().view(num_heads, -1).clone()  # (h, d)
+
+
+def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
+    """Read a ``torch.nn.MultiheadAttention``'s weights as per-head weights.
+
+    PyTorch stacks the three projections' weights as rows of one packed
+    ``in_proj_weight`` of shape (3·embed_dim, embed_dim), Q then K then V, each
+    block being W transposed (``nn.Linear``'s layout). When ``kdim`` or ``vdim``
+    differ from ``embed_dim`` it keeps three separate ``q_proj_weight``,
+    ``k_proj_weight``, ``v_proj_weight`` instead. Both forms are read.
+
+    Parameters
+    ----------
+    module : torch.nn.MultiheadAttention
+        Without ``add_bias_kv`` or ``add_zero_attn`` (they have no place in the paper's form).
+
+    Returns
+    -------
+    HeadWeights
+
+    See Also
+    --------
+    to_torch : the inverse.
+    """
+    if not isinstance(module, nn.MultiheadAttention):
+        raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+    if module.bias_k is not None or module.add_zero_attn:
+        raise ValueError(
+            "module uses add_bias_kv or add_zero_attn, which extend the keys and values "
+            "with extra positions; HeadWeights holds only the paper's projections"
+        )
+    h = module.num_heads
+    if module.in_proj_weight is not None:
+        w_q, w_k, w_v = module.in_proj_weight.chunk(3, dim=0)  # 3 × (embed_dim, embed_dim)
+    else:
+        w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+    b_q = b_k = b_v = None
+    if module.in_proj_bias is not None:
+        b_q, b_k, b_v = module.in_proj_bias.chunk(3)  # 3 × (embed_dim,)
+    out_bias = module.out_proj.bias
+    return HeadWeights(
+        w_q=_cut_rows(w_q, h),  # (h, embed_dim, d_k)
+        w_k=_cut_rows(w_k, h),  # (h, kdim, d_k)
+        w_v=_cut_rows(w_v, h),  # (h, vdim, d_v)
+        w_o=module.out_proj.weight.detach().T.clone(),  # (h·d_v, embed_dim)
+        b_q=_cut_bias(b_q, h),
+        b_k=_cut_bias(b_k, h),
+        b_v=_cut_bias(b_v, h),
+        b_o=None if out_bias is None else out_bias.detach().clone(),
+    )
+
+
+def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadAttention:
+    """Build a ``torch.nn.MultiheadAttention`` holding ``weights``.
+
+    The result uses the packed ``in_proj_weight`` when ``kdim == vdim ==
+    embed_dim`` and the separate ``q/k/v_proj_weight`` otherwise, on the
+    weights' dtype and device. Note its mask convention: in
+    ``nn.MultiheadAttention`` a True in ``attn_mask`` means *blocked*
+    (see :func:`qkv.from_torch_mask`).
+
+    Parameters
+    ----------
+    weights : HeadWeights
+        PyTorch requires ``d_k == d_v == embed_dim / num_heads``.
+    batch_first : bool
+        The module's input layout; qkv's modules are batch first.
+
+    Returns
+    -------
+    torch.nn.MultiheadAttention
+
+    See Also
+    --------
+    from_torch : the inverse.
+    """
+    if not isinstance(weights, HeadWeights):
+        raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
+    w = weights
+    h, embed_dim = w.num_heads, w.embed_dim
+    if not (w.d_k == w.d_v and w.d_k * h == embed_dim):
+        raise ValueError(
+            "torch.nn.MultiheadAttention needs d_k == d_v == embed_dim / num_heads, got "
+            f"d_k={w.d_k}, d_v={w.d_v}, embed_dim={embed_dim}, num_heads={h}"
+        )
+    module = nn.MultiheadAttention(
+        embed_dim, h, bias=w.bias, kdim=w.kdim, vdim=w.vdim, batch_first=batch_first,
+        device=w.w_q.device, dtype=w.w_q.dtype,
+    )  # fmt: skip
+
+    def fused(per_head: Tensor) -> Tensor:
+        return per_head.transpose(1, 2).reshape(h * per_head.shape[2], per_head.shape[1])  # (h·d, in)
+
+    with torch.no_grad():
+        if module.in_proj_weight is not None:
+            module.in_proj_weight.copy_(torch.cat([fused(w.w_q), fused(w.w_k), fused(w.w_v)]))
+        else:
+            module.q_proj_weight.copy_(fused(w.w_q))  # (embed_dim, embed_dim)
+            module.k_proj_weight.copy_(fused(w.w_k))  # (embed_dim, kdim)
+            module.v_proj_weight.copy_(fused(w.w_v))  # (embed_dim, vdim)
+        module.out_proj.weight.copy_(w.w_o.T)  # (embed_dim, h·d_v)
+        if w.bias:
+            module.in_proj_bias.copy_(torch.cat([w.b_q.reshape(-1), w.b_k.reshape(-1), w.b_v.reshape(-1)]))
+            module.out_proj.bias.copy_(w.b_o)
+    return module
+
+
+def from_bert(module: Any) -> HeadWeights:
+    """Read a Hugging Face BERT attention block's weights as per-head weights.
+
+    ``BertAttention`` holds ``self.query``, ``self.key`` and ``self.value``
+    (``nn.Linear``: these are operations whose outputs are Q, K and V) and
+    ``output.dense``, which plays the part of W^O. Note that the block then
+    adds the input back and applies ``output.LayerNorm``:
+    ``BertAttention(x) = LayerNorm(x + MultiHead(x, x, x))`` (no dropout in eval mode).
+
+    Parameters
+    ----------
+    module : transformers.models.bert.modeling_bert.BertAttention
+        Or any module with the same layout (``.self.query/key/value``,
+        ``.self.num_attention_heads``, ``.output.dense``), e.g. RoBERTa's.
+
+    Returns
+    -------
+    HeadWeights
+    """
+    inner = getattr(module, "self", None)
+    output = getattr(module, "output", None)
+    names = ("query", "key", "value", "num_attention_heads")
+    if inner is None or output is None or not all(hasattr(inner, n) for n in names):
+        hint = ""
+        if all(hasattr(module, n) for n in names):
+            hint = "; this looks like a BertSelfAttention: pass its parent BertAttention, whose output.dense is W^O"
+        raise TypeError(
+            f"module must be a BERT-style attention block with .self.query/key/value and "
+            f".output.dense, got {type(module).__name__}{hint}"
+        )
+    h = int(inner.num_attention_heads)
+    bias = inner.query.bias is not None
+    return HeadWeights(
+        w_q=_cut_rows(inner.query.weight, h),  # (h, hidden, d_k)
+        w_k=_cut_rows(inner.key.weight, h),  # (h, hidden, d_k)
+        w_v=_cut_rows(inner.value.weight, h),  # (h, hidden, d_v)
+        w_o=output.dense.weight.detach().T.clone(),  # (h·d_v, hidden)
+        b_q=_cut_bias(inner.query.bias, h) if bias else None,
+        b_k=_cut_bias(inner.key.bias, h) if bias else None,
+        b_v=_cut_bias(inner.value.bias, h) if bias else None,
+        b_o=output.dense.bias.detach().clone() if bias else None,
+    )
+
+
+def from_keras(layer: Any) -> HeadWeights:
+    """Read a Keras 3 ``keras.layers.MultiHeadAttention``'s weights as per-head weights.
+
+    Keras keeps the per-head form already: the query kernel has shape
+    (d_model, h, d_k) and is applied with the einsum ``"...NI,HIO->...NHO"``
+    (N positions, I input features, H heads, O head size); the output kernel
+    has shape (h, d_v, d_model). Works on any backend (torch, JAX, TensorFlow).
+
+    Parameters
+    ----------
+    layer : keras.layers.MultiHeadAttention
+        Built (called once), with the default ``attention_axes`` and
+        ``output_shape``.
+
+    Returns
+    -------
+    HeadWeights
+        float32 on the CPU, whatever the backend.
+    """
+    try:
+        import keras
+    except ImportError as error:  # pragma: no cover - exercised only without keras
+        raise ImportError("from_keras needs keras: pip install 'qkv[interop]'") from error
+    if not isinstance(layer, keras.layers.MultiHeadAttention):
+        raise TypeError(f"layer must be a keras.layers.MultiHeadAttention, got {type(layer).__name__}")
+    if not layer.built:
+        raise ValueError("layer is not built yet: call it once on inputs so its kernels exist")
+    if layer.attention_axes not in (None, (1,)):
+        raise ValueError(f"layer attends over axes {layer.attention_axes}; only the sequence axis is supported")
+
+    def tensor(variable: Any) -> Tensor:
+        return torch.as_tensor(keras.ops.convert_to_numpy(variable)).float()
+
+    w_o = tensor(layer.output_dense.kernel)  # (h, d_v, d_out)
+    if w_o.dim() != 3:
+        raise ValueError(f"layer has output_shape {layer._output_shape}; only the default is supported")
+    h, d_v, d_out = w_o.shape
+    bias = layer.use_bias
+    return HeadWeights(
+        w_q=tensor(layer.query_dense.kernel).permute(1, 0, 2).contiguous(),  # (h, d_model, d_k)
+        w_k=tensor(layer.key_dense.kernel).permute(1, 0, 2).contiguous(),  # (h, kdim, d_k)
+        w_v=tensor(layer.value_dense.kernel).permute(1, 0, 2).contiguous(),  # (h, vdim, d_v)
+        w_o=w_o.reshape(h * d_v, d_out),  # (h·d_v, d_model)
+        b_q=tensor(layer.query_dense.bias) if bias else None,  # (h, d_k)
+        b_k=tensor(layer.key_dense.bias) if bias else None,  # (h, d_k)
+        b_v=tensor(layer.value_dense.bias) if bias else None,  # (h, d_v)
+        b_o=tensor(layer.output_dense.bias) if bias else None,  # (d_model,)
+    )

@@ -1,0 +1,163 @@
+"""Attention masks. In qkv, as in ``F.scaled_dot_product_attention``, True means "may attend".
+
+Libraries disagree on this convention: ``torch.nn.MultiheadAttention`` reads
+True as *blocked*; Keras and Hugging Face model inputs use 1 for "attend". The
+converters below make each convention explicit.
+
+See also
+--------
+The chapter "Q, K and V: three letters, three meanings", section on masks
+(book/terminology.ipynb).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkv._validation import require_mask, require_positive_int, require_tensor
+
+__all__ = ["additive_mask", "causal_mask", "from_torch_mask", "padding_mask"]
+
+
+def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+    """A causal mask: query i may see key j when ``j <= i + (S - T)``.
+
+    With ``S == T`` this is the lower triangle (each position sees itself and
+    the past). With ``T < S`` the queries are the *last* T positions of the
+    sequence, so the last query sees every key: what cached decoding needs.
+
+    Parameters
+    ----------
+    T : int
+        Number of queries.
+    S : int, optional
+        Number of keys; defaults to ``T``. Must be at least ``T``.
+    device : torch.device or str, optional
+
+    Returns
+    -------
+    BoolTensor, shape (T, S)
+        True where the query may attend to the key.
+
+    See Also
+    --------
+    padding_mask
+    The chapter "Q, K and V: three letters, three meanings" (book/terminology.ipynb).
+
+    Examples
+    --------
+    >>> import qkv
+    >>> qkv.causal_mask(3).int()
+    tensor([[1, 0, 0],
+            [1, 1, 0],
+            [1, 1, 1]], dtype=torch.int32)
+    """
+    require_positive_int("T", T)
+    S = T if S is None else require_positive_int("S", S)
+    if S < T:
+        raise ValueError(
+            f"a causal mask needs at least as many keys as queries, got T={T} queries "
+            f"and S={S} keys"
+        )
+    queries = torch.arange(T, device=device)[:, None]  # (T, 1)
+    keys = torch.arange(S, device=device)[None, :]  # (1, S)
+    return keys <= queries + (S - T)  # (T, S)
+
+
+def padding_mask(
+    lengths: Tensor | list[int],
+    S: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """A key padding mask for a batch of sequences of different lengths.
+
+    Parameters
+    ----------
+    lengths : IntTensor or list of int, shape (B,)
+        The true length of each sequence; positions from ``lengths[b]`` on are padding.
+    S : int, optional
+        The padded length; defaults to ``max(lengths)``.
+    device : torch.device or str, optional
+
+    Returns
+    -------
+    BoolTensor, shape (B, 1, 1, S)
+        True for real keys. The two singleton axes let it broadcast over heads
+        and queries, against scores of shape (B, h, T, S); a bare (B, S) mask
+        would broadcast along the wrong axes.
+
+    See Also
+    --------
+    causal_mask
+
+    Examples
+    --------
+    >>> import qkv
+    >>> qkv.padding_mask([2, 3])[:, 0, 0].int()
+    tensor([[1, 1, 0],
+            [1, 1, 1]], dtype=torch.int32)
+    """
+    if not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths, device=device)
+    require_tensor("lengths", lengths, ndim=1, layout="(B,)", floating=False)
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must hold integers, got dtype {lengths.dtype}")
+    if lengths.numel() == 0:
+        raise ValueError("lengths must name at least one sequence, got an empty tensor")
+    longest = int(lengths.max())
+    if int(lengths.min()) < 0:
+        raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
+    S = longest if S is None else require_positive_int("S", S)
+    if longest > S:
+        raise ValueError(f"lengths go up to {longest}, longer than S={S}")
+    positions = torch.arange(S, device=lengths.device)  # (S,)
+    return (positions[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+
+
+def from_torch_mask(blocked: Tensor) -> Tensor:
+    """Convert a ``torch.nn.MultiheadAttention`` boolean mask (True = blocked) to qkv's.
+
+    ``nn.MultiheadAttention``'s ``attn_mask`` and ``key_padding_mask`` use True
+    for positions that may *not* be attended; qkv and
+    ``F.scaled_dot_product_attention`` use True for positions that may.
+
+    Parameters
+    ----------
+    blocked : BoolTensor, any shape
+        True where attention is forbidden.
+
+    Returns
+    -------
+    BoolTensor, same shape
+        True where attention is allowed.
+    """
+    require_mask(blocked, tuple(blocked.shape) if isinstance(blocked, Tensor) else (), "(...)")
+    return ~blocked
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Turn a boolean mask (True = may attend) into an additive one (0 or -inf).
+
+    Many codebases add a float mask to the scores instead of selecting with a
+    boolean one; this is the bridge.
+
+    Parameters
+    ----------
+    mask : BoolTensor, any shape
+        True where attention is allowed.
+    dtype : torch.dtype
+        Floating dtype of the result.
+
+    Returns
+    -------
+    Tensor, same shape
+        0 where allowed, ``-inf`` where blocked.
+    """
+    require_mask(mask, tuple(mask.shape) if isinstance(mask, Tensor) else (), "(...)")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return zeros.masked_fill(~mask, float("-inf"))
+
