@@ -55,13 +55,10 @@ def require_tensor(
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     where = f" {layout}" if layout else ""
     if ndim is not None and x.dim() != ndim:
-        raise ValueError(
-            f"{name} must have {ndim} dimensions{where}, got shape {shape_str(x.shape)}"
-        )
+        raise ValueError(f"{name} must have {ndim} dimensions{where}, got shape {shape_str(x.shape)}")
     if min_ndim is not None and x.dim() < min_ndim:
         raise ValueError(
-            f"{name} must have at least {min_ndim} dimensions{where}, "
-            f"got shape {shape_str(x.shape)}"
+            f"{name} must have at least {min_ndim} dimensions{where}, got shape {shape_str(x.shape)}"
         )
     if floating and not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
@@ -80,8 +77,7 @@ def require_same_dtype_and_device(named: dict[str, Tensor]) -> None:
             )
         if x.device != first.device:
             raise ValueError(
-                f"{name} is on {x.device}, but {first_name} is on {first.device}; "
-                "move one of them with .to()"
+                f"{name} is on {x.device}, but {first_name} is on {first.device}; move one of them with .to()"
             )
 
 
@@ -90,8 +86,7 @@ def require_size(name: str, x: Tensor, dim: int, expected: int, what: str, again
     got = x.shape[dim]
     if got != expected:
         raise ValueError(
-            f"{name} has {got} {what}, but {against} is {expected} "
-            f"({name} has shape {shape_str(x.shape)})"
+            f"{name} has {got} {what}, but {against} is {expected} ({name} has shape {shape_str(x.shape)})"
         )
 
 

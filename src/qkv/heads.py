@@ -176,15 +176,13 @@ class HeadWeights:
         if present and len(present) != len(biases):
             missing = [name for name in biases if name not in present]
             raise ValueError(
-                f"either all biases or none: got {', '.join(present)} "
-                f"but not {', '.join(missing)}"
+                f"either all biases or none: got {', '.join(present)} but not {', '.join(missing)}"
             )
         for name in present:
             b = require_tensor(name, getattr(self, name), ndim=len(biases[name]))
             if tuple(b.shape) != biases[name]:
                 raise ValueError(
-                    f"{name} must have shape {shape_str(biases[name])}, "
-                    f"got {shape_str(b.shape)}"
+                    f"{name} must have shape {shape_str(biases[name])}, got {shape_str(b.shape)}"
                 )
             require_same_dtype_and_device({"w_q": w_q, name: b})
 
@@ -283,8 +281,7 @@ class HeadWeights:
         if d_k is None:
             if embed_dim % num_heads:
                 raise ValueError(
-                    f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
-                    "pass d_k explicitly"
+                    f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; pass d_k explicitly"
                 )
             d_k = embed_dim // num_heads
         d_k = require_positive_int("d_k", d_k)

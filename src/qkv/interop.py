@@ -170,7 +170,10 @@ def from_bert(module: Any) -> HeadWeights:
     if inner is None or output is None or not all(hasattr(inner, n) for n in names):
         hint = ""
         if all(hasattr(module, n) for n in names):
-            hint = "; this looks like a BertSelfAttention: pass its parent BertAttention, whose output.dense is W^O"
+            hint = (
+                "; this looks like a BertSelfAttention: pass its parent BertAttention, "
+                "whose output.dense is W^O"
+            )
         raise TypeError(
             f"module must be a BERT-style attention block with .self.query/key/value and "
             f".output.dense, got {type(module).__name__}{hint}"
@@ -217,7 +220,9 @@ def from_keras(layer: Any) -> HeadWeights:
     if not layer.built:
         raise ValueError("layer is not built yet: call it once on inputs so its kernels exist")
     if layer.attention_axes not in (None, (1,)):
-        raise ValueError(f"layer attends over axes {layer.attention_axes}; only the sequence axis is supported")
+        raise ValueError(
+            f"layer attends over axes {layer.attention_axes}; only the sequence axis is supported"
+        )
 
     def tensor(variable: Any) -> Tensor:
         return torch.as_tensor(keras.ops.convert_to_numpy(variable)).float()

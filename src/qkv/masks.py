@@ -57,8 +57,7 @@ def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | No
     S = T if S is None else require_positive_int("S", S)
     if S < T:
         raise ValueError(
-            f"a causal mask needs at least as many keys as queries, got T={T} queries "
-            f"and S={S} keys"
+            f"a causal mask needs at least as many keys as queries, got T={T} queries and S={S} keys"
         )
     queries = torch.arange(T, device=device)[:, None]  # (T, 1)
     keys = torch.arange(S, device=device)[None, :]  # (1, S)
@@ -160,4 +159,3 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         raise TypeError(f"dtype must be a floating dtype, got {dtype}")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill(~mask, float("-inf"))
-

@@ -45,7 +45,7 @@ def seed_everything(seed: int = 0) -> None:
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - chapters may use the legacy global generator
     torch.manual_seed(seed)  # seeds CUDA too, when present
 
 

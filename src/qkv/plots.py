@@ -139,7 +139,9 @@ def plot_heads(
     heads = array.shape[0]
     figure, axes = plt.subplots(1, heads, figsize=(3.2 * heads + 1.0, 3.2), squeeze=False)
     for i, ax in enumerate(axes[0]):
-        plot_attention(array[i], queries=queries, keys=keys, ax=ax, title=f"head {i}", colorbar=False, vmax=vmax)
+        plot_attention(
+            array[i], queries=queries, keys=keys, ax=ax, title=f"head {i}", colorbar=False, vmax=vmax
+        )
         if i:
             ax.set_ylabel("")
     image = axes[0][-1].images[0]
