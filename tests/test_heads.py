@@ -1,0 +1,101 @@
+"""Splitting and merging heads, HeadWeights, and the paper's equations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qkv
+
+
+def test_split_heads_gives_head_i_the_feature_slice_i():
+    B, L, h, d = 2, 5, 3, 4
+    x = torch.arange(B * L * h * d).reshape(B, L, h * d)
+    heads = qkv.split_heads(x, h)
+    assert heads.shape == (B, h, L, d)
+    for i in range(h):
+        assert torch.equal(heads[:, i], x[..., i * d : (i + 1) * d])
+
+
+def test_the_transpose_matters():
+    x = torch.arange(2 * 5 * 12).reshape(2, 5, 12)
+    wrong = x.view(2, 3, 5, 4)  # the classic bug: no transpose
+    assert not torch.equal(qkv.split_heads(x, 3), wrong)
+
+
+@settings(max_examples=30, deadline=None)
+@given(B=st.integers(1, 3), L=st.integers(1, 6), h=st.integers(1, 4), d=st.integers(1, 5))
+def test_merge_heads_inverts_split_heads(B, L, h, d):
+    x = torch.randn(B, L, h * d)
+    assert torch.equal(qkv.merge_heads(qkv.split_heads(x, h)), x)
+    y = torch.randn(B, h, L, d)
+    assert torch.equal(qkv.split_heads(qkv.merge_heads(y), h), y)
+
+
+def test_split_and_merge_errors():
+    with pytest.raises(ValueError, match="x has 10 features, which num_heads=3 does not divide"):
+        qkv.split_heads(torch.zeros(2, 5, 10), 3)
+    with pytest.raises(ValueError, match=r"x must have 3 dimensions \(B, L, h·d\), got shape \(5, 12\)"):
+        qkv.split_heads(torch.zeros(5, 12), 3)
+    with pytest.raises(ValueError, match="num_heads must be positive"):
+        qkv.split_heads(torch.zeros(2, 5, 12), 0)
+    with pytest.raises(ValueError, match=r"x must have 4 dimensions \(B, h, L, d\)"):
+        qkv.merge_heads(torch.zeros(2, 5, 12))
+
+
+def test_head_weights_random_shapes_and_properties():
+    hw = qkv.HeadWeights.random(12, 3, kdim=10, vdim=7, d_v=5, dtype=torch.float64)
+    assert hw.w_q.shape == (3, 12, 4) and hw.w_k.shape == (3, 10, 4)
+    assert hw.w_v.shape == (3, 7, 5) and hw.w_o.shape == (15, 12)
+    assert (hw.num_heads, hw.embed_dim, hw.kdim, hw.vdim, hw.d_k, hw.d_v) == (3, 12, 10, 7, 4, 5)
+    assert hw.bias and hw.b_v.shape == (3, 5) and hw.b_o.shape == (12,)
+    assert hw.w_q.dtype == torch.float64
+    assert not qkv.HeadWeights.random(12, 3, bias=False).bias
+    assert hw.to(torch.float32).w_o.dtype == torch.float32
+    copy = hw.detach()
+    assert torch.equal(copy.w_q, hw.w_q) and copy.w_q.data_ptr() != hw.w_q.data_ptr()
+
+
+def test_head_weights_validation():
+    hw = qkv.HeadWeights.random(12, 3)
+    with pytest.raises(ValueError, match="w_k has 2 heads, but the number of heads in w_q is 3"):
+        qkv.HeadWeights(hw.w_q, hw.w_k[:2], hw.w_v, hw.w_o)
+    with pytest.raises(ValueError, match="w_o has 11 rows, but h·d_v is 12"):
+        qkv.HeadWeights(hw.w_q, hw.w_k, hw.w_v, hw.w_o[:11])
+    with pytest.raises(ValueError, match="either all biases or none: got b_q but not b_k, b_v, b_o"):
+        qkv.HeadWeights(hw.w_q, hw.w_k, hw.w_v, hw.w_o, b_q=hw.b_q)
+    with pytest.raises(ValueError, match=r"b_o must have shape \(12,\), got \(11,\)"):
+        qkv.HeadWeights(hw.w_q, hw.w_k, hw.w_v, hw.w_o, hw.b_q, hw.b_k, hw.b_v, hw.b_o[:11])
+    with pytest.raises(ValueError, match="embed_dim=10 is not divisible by num_heads=3"):
+        qkv.HeadWeights.random(10, 3)
+
+
+def test_multi_head_attention_is_the_papers_per_head_loop():
+    torch.manual_seed(0)
+    hw = qkv.HeadWeights.random(12, 3, kdim=10, vdim=7, dtype=torch.float64)
+    x, memory, values = (
+        torch.randn(2, 4, 12).double(),
+        torch.randn(2, 6, 10).double(),
+        torch.randn(2, 6, 7).double(),
+    )
+    output, weights = qkv.multi_head_attention(x, memory, values, hw)
+    heads = []
+    for i in range(3):  # head_i = Attention(X W_i^Q, K W_i^K, V W_i^V), written out
+        q = x @ hw.w_q[i] + hw.b_q[i]
+        k = memory @ hw.w_k[i] + hw.b_k[i]
+        v = values @ hw.w_v[i] + hw.b_v[i]
+        head, w = qkv.attention(q, k, v)
+        torch.testing.assert_close(w, weights[:, i])
+        heads.append(head)
+    torch.testing.assert_close(output, torch.cat(heads, -1) @ hw.w_o + hw.b_o)
+
+
+def test_multi_head_attention_errors():
+    hw = qkv.HeadWeights.random(12, 3, kdim=10)
+    x = torch.randn(2, 4, 12)
+    with pytest.raises(ValueError, match="key has 12 features, but kdim is 10"):
+        qkv.multi_head_attention(x, x, x, hw)
+    with pytest.raises(TypeError, match="weights must be a HeadWeights"):
+        qkv.multi_head_attention(x, x, x, {"w_q": hw.w_q})

@@ -1,0 +1,157 @@
+"""qkv.interop against the real layers of PyTorch, Hugging Face and Keras, with random weights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import qkv
+from qkv import interop
+
+os.environ.setdefault("KERAS_BACKEND", "torch")  # before keras is imported anywhere
+
+B, T, S, E, KDIM, VDIM, H = 2, 4, 6, 12, 10, 7, 3
+
+
+def inputs(dtype=torch.float64, kdim=KDIM, vdim=VDIM, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(B, T, E, generator=g, dtype=dtype),
+        torch.randn(B, S, kdim, generator=g, dtype=dtype),
+        torch.randn(B, S, vdim, generator=g, dtype=dtype),
+    )
+
+
+# --- PyTorch -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("kdim", "vdim"), [(E, E), (KDIM, VDIM)], ids=["packed", "separate"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_torch_matches_torch_outputs_weights_and_gradients(dtype, kdim, vdim, bias):
+    torch.manual_seed(0)
+    reference = nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, bias=bias, batch_first=True, dtype=dtype)
+    assert (reference.in_proj_weight is None) == (kdim != E)  # both of torch's layouts are covered
+    ours = qkv.MultiHeadAttention.from_heads(interop.from_torch(reference))
+    x, k, v = inputs(dtype, kdim, vdim)
+    keep = qkv.padding_mask([6, 3])  # True = may attend
+    causal = qkv.causal_mask(T, S)
+    expected, expected_weights = reference(
+        x, k, v, key_padding_mask=~keep[:, 0, 0], attn_mask=~causal, average_attn_weights=False
+    )  # torch: True = blocked
+    output, weights = ours(x, k, v, mask=keep & causal, need_weights=True)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
+    torch.testing.assert_close(output, expected, **tol)
+    torch.testing.assert_close(weights, expected_weights, **tol)
+    expected.sum().backward()
+    output.sum().backward()
+    if reference.in_proj_weight is not None:
+        torch.testing.assert_close(ours.q_proj.weight.grad, reference.in_proj_weight.grad[:E], **tol)
+        torch.testing.assert_close(ours.v_proj.weight.grad, reference.in_proj_weight.grad[2 * E :], **tol)
+    else:
+        torch.testing.assert_close(ours.k_proj.weight.grad, reference.k_proj_weight.grad, **tol)
+    torch.testing.assert_close(ours.out_proj.weight.grad, reference.out_proj.weight.grad, **tol)
+
+
+@pytest.mark.parametrize(("kdim", "vdim"), [(E, E), (KDIM, VDIM)])
+def test_to_torch_round_trip(kdim, vdim):
+    hw = qkv.HeadWeights.random(E, H, kdim=kdim, vdim=vdim, dtype=torch.float64)
+    module = interop.to_torch(hw)
+    assert module.batch_first
+    assert (module.in_proj_weight is None) == (kdim != E)  # packed only when every width is embed_dim
+    back = interop.from_torch(module)
+    for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+        torch.testing.assert_close(getattr(back, name), getattr(hw, name))
+    x, k, v = inputs(kdim=kdim, vdim=vdim)
+    torch.testing.assert_close(module(x, k, v)[0], qkv.multi_head_attention(x, k, v, hw)[0])
+
+
+def test_in_proj_weight_rows_are_q_then_k_then_v_transposed():
+    hw = qkv.HeadWeights.random(E, H, dtype=torch.float64)
+    packed = interop.to_torch(hw).in_proj_weight  # (3·E, E)
+    w_q = torch.cat(list(hw.w_q), dim=1)  # W^Q (E, E): the heads' W_i^Q side by side
+    torch.testing.assert_close(packed[:E], w_q.T)  # nn.Linear stores W transposed
+
+
+def test_torch_errors():
+    with pytest.raises(ValueError, match="add_bias_kv or add_zero_attn"):
+        interop.from_torch(nn.MultiheadAttention(E, H, add_bias_kv=True))
+    with pytest.raises(TypeError, match=r"module must be a torch\.nn\.MultiheadAttention, got Linear"):
+        interop.from_torch(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="needs d_k == d_v == embed_dim / num_heads, got d_k=5"):
+        interop.to_torch(qkv.HeadWeights.random(E, H, d_k=5))
+
+
+# --- Hugging Face BERT -------------------------------------------------------------------
+
+
+def bert_attention(dtype=torch.float64):
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertAttention
+
+    config = BertConfig(
+        hidden_size=E, num_attention_heads=H, intermediate_size=16,
+        attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return BertAttention(config).to(dtype).eval()
+
+
+def test_from_bert_matches_bert_attention():
+    bert = bert_attention()
+    x, _, _ = inputs()
+    hw = interop.from_bert(bert)
+    assert (hw.num_heads, hw.d_k) == (H, E // H)
+    keep = qkv.padding_mask([4, 2])  # (B, 1, 1, T): True = real token
+    additive = qkv.additive_mask(keep, torch.float64).clamp(min=torch.finfo(torch.float64).min)
+    expected = bert(x, attention_mask=additive)[0]  # Hugging Face adds a (B, 1, 1, T) float mask
+    ours = qkv.MultiHeadAttention.from_heads(hw)
+    attended = ours(x, mask=keep)
+    # BertAttention = LayerNorm(x + MultiHead(x, x, x)): the residual and LayerNorm sit in bert.output.
+    torch.testing.assert_close(bert.output.LayerNorm(attended + x), expected)
+
+
+def test_from_bert_rejects_the_inner_self_attention():
+    bert = bert_attention()
+    with pytest.raises(TypeError, match="looks like a BertSelfAttention: pass its parent BertAttention"):
+        interop.from_bert(bert.self)
+
+
+# --- Keras 3 ------------------------------------------------------------------------------
+
+
+def keras_layer(key_dim=4, value_dim=5, use_bias=True):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layer = keras.layers.MultiHeadAttention(
+        num_heads=H, key_dim=key_dim, value_dim=value_dim, use_bias=use_bias
+    )
+    return keras, layer
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_from_keras_matches_keras(use_bias):
+    keras, layer = keras_layer(use_bias=use_bias)
+    x, k, v = inputs(torch.float32)
+    keep = qkv.padding_mask([6, 3])[:, 0]  # (B, 1, S), broadcast by us to (B, T, S) for Keras
+    expected = layer(query=x, value=v, key=k, attention_mask=keep.expand(B, T, S))
+    expected = torch.as_tensor(keras.ops.convert_to_numpy(expected))
+    hw = interop.from_keras(layer)
+    assert (hw.d_k, hw.d_v, hw.kdim, hw.vdim, hw.bias) == (4, 5, KDIM, VDIM, use_bias)
+    output, _ = qkv.multi_head_attention(x, k, v, hw, mask=keep[:, None])
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+    module = qkv.MultiHeadAttention.from_heads(hw)  # d_k·h != embed_dim is fine for qkv
+    torch.testing.assert_close(module(x, k, v, mask=keep[:, None]), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_keras_errors():
+    _, layer = keras_layer()
+    with pytest.raises(ValueError, match="not built yet"):
+        interop.from_keras(layer)
+    with pytest.raises(TypeError, match=r"layer must be a keras\.layers\.MultiHeadAttention, got Linear"):
+        interop.from_keras(nn.Linear(2, 2))
