@@ -76,7 +76,8 @@ def explicit_attention(
     """The explicit computation, without argument checks (for qkv's own modules)."""
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    scores = query @ key.transpose(-2, -1) * scale  # (..., T, S)
+    # Scaling the (T, d_k) queries is cheaper than scaling the (T, S) scores; same maths.
+    scores = (query * scale) @ key.transpose(-2, -1)  # (..., T, S)
     if mask is not None:
         # A finite fill (not -inf) keeps a row with no allowed key free of NaN.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # (..., T, S)
