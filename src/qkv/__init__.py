@@ -9,7 +9,7 @@ importable from the top level::
 Conversions to and from other libraries live in :mod:`qkv.interop`.
 """
 
-from qkv import interop
+from qkv import interop, training
 from qkv.attention import attention, fused_attention
 from qkv.heads import HeadWeights, merge_heads, multi_head_attention, split_heads
 from qkv.masks import additive_mask, causal_mask, from_torch_mask, padding_mask
@@ -40,4 +40,5 @@ __all__ = [
     "seed_everything",
     "setup",
     "split_heads",
+    "training",
 ]

@@ -335,6 +335,15 @@ def multi_head_attention(
     --------
     MultiHeadAttention : the same maths with fused projections.
     The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> hw = qkv.HeadWeights.random(embed_dim=12, num_heads=3, kdim=10, vdim=10)
+    >>> decoder, encoder = torch.randn(2, 4, 12), torch.randn(2, 6, 10)
+    >>> output, weights = qkv.multi_head_attention(decoder, encoder, encoder, hw)
+    >>> output.shape, weights.shape
+    (torch.Size([2, 4, 12]), torch.Size([2, 3, 4, 6]))
     """
     if not isinstance(weights, HeadWeights):
         raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")

@@ -61,6 +61,18 @@ def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
     See Also
     --------
     to_torch : the inverse.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> mha = torch.nn.MultiheadAttention(12, 3, batch_first=True)
+    >>> hw = qkv.interop.from_torch(mha)
+    >>> hw.w_q.shape  # (h, d_model, d_k), cut from in_proj_weight's first 12 rows
+    torch.Size([3, 12, 4])
+    >>> x = torch.randn(2, 5, 12)
+    >>> ours = qkv.MultiHeadAttention.from_heads(hw)
+    >>> torch.allclose(ours(x), mha(x, x, x)[0], atol=1e-6)
+    True
     """
     if not isinstance(module, nn.MultiheadAttention):
         raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
@@ -113,6 +125,13 @@ def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadA
     See Also
     --------
     from_torch : the inverse.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> mha = qkv.interop.to_torch(qkv.HeadWeights.random(12, 3, kdim=10, vdim=7))
+    >>> mha.in_proj_weight is None, mha.k_proj_weight.shape  # separate weights when kdim != embed_dim
+    (True, torch.Size([12, 10]))
     """
     if not isinstance(weights, HeadWeights):
         raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
@@ -163,6 +182,18 @@ def from_bert(module: Any) -> HeadWeights:
     Returns
     -------
     HeadWeights
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> from transformers import BertConfig
+    >>> from transformers.models.bert.modeling_bert import BertAttention
+    >>> bert = BertAttention(BertConfig(hidden_size=12, num_attention_heads=3)).eval()
+    >>> hw = qkv.interop.from_bert(bert)
+    >>> x = torch.randn(2, 5, 12)
+    >>> mixed = qkv.MultiHeadAttention.from_heads(hw)(x)
+    >>> torch.allclose(bert.output.LayerNorm(x + mixed), bert(x)[0], atol=1e-5)
+    True
     """
     inner = getattr(module, "self", None)
     output = getattr(module, "output", None)
@@ -210,6 +241,17 @@ def from_keras(layer: Any) -> HeadWeights:
     -------
     HeadWeights
         float32 on the CPU, whatever the backend.
+
+    Examples
+    --------
+    >>> import os; os.environ.setdefault("KERAS_BACKEND", "torch")
+    'torch'
+    >>> import keras, qkv
+    >>> layer = keras.layers.MultiHeadAttention(num_heads=3, key_dim=4)
+    >>> _ = layer(keras.ops.ones((1, 5, 12)), keras.ops.ones((1, 6, 10)))  # builds the kernels
+    >>> hw = qkv.interop.from_keras(layer)
+    >>> hw.w_q.shape, hw.w_k.shape, hw.w_o.shape
+    (torch.Size([3, 12, 4]), torch.Size([3, 10, 4]), torch.Size([12, 12]))
     """
     try:
         import keras

@@ -131,6 +131,14 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
     -------
     BoolTensor, same shape
         True where attention is allowed.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> blocked = torch.tensor([[False, True], [False, False]])  # nn.MultiheadAttention's attn_mask
+    >>> qkv.from_torch_mask(blocked)
+    tensor([[ True, False],
+            [ True,  True]])
     """
     require_mask(blocked, tuple(blocked.shape) if isinstance(blocked, Tensor) else (), "(...)")
     return ~blocked
@@ -153,6 +161,13 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     -------
     Tensor, same shape
         0 where allowed, ``-inf`` where blocked.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> qkv.additive_mask(qkv.causal_mask(2))
+    tensor([[0., -inf],
+            [0., 0.]])
     """
     require_mask(mask, tuple(mask.shape) if isinstance(mask, Tensor) else (), "(...)")
     if not dtype.is_floating_point:

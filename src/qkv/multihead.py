@@ -348,6 +348,15 @@ class AttentionHead(nn.Module):
         W_i^Q (stored transposed, as ``nn.Linear`` does).
     k_proj : nn.Linear, kdim -> d_k
     v_proj : nn.Linear, vdim -> d_v
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> head = qkv.AttentionHead(embed_dim=12, d_k=4)
+    >>> x = torch.randn(2, 5, 12)
+    >>> output, weights = head(x, x, x)
+    >>> output.shape, weights.shape
+    (torch.Size([2, 5, 4]), torch.Size([2, 5, 5]))
     """
 
     def __init__(

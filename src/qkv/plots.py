@@ -132,6 +132,13 @@ def plot_heads(
     Returns
     -------
     matplotlib.figure.Figure
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> mha = qkv.MultiHeadAttention(12, 3)
+    >>> _, weights = mha(torch.randn(1, 5, 12), need_weights=True)
+    >>> figure = qkv.plot_heads(weights[0], title="three heads, three patterns")
     """
     import matplotlib.pyplot as plt
 

@@ -110,6 +110,20 @@ def train(
     Returns
     -------
     TrainingLog
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> model = torch.nn.Linear(3, 1)
+    >>> def batch(step):
+    ...     x = torch.randn(32, 3, generator=torch.Generator().manual_seed(step))
+    ...     return x, x.sum(-1, keepdim=True)
+    >>> def loss(model, batch):
+    ...     x, y = batch
+    ...     return (model(x) - y).square().mean()
+    >>> log = qkv.training.train(model, batch, loss, steps=200, lr=0.05)
+    >>> log.last("loss") < 0.01
+    True
     """
     steps = require_positive_int("steps", steps)
     log_every = require_positive_int("log_every", log_every)
