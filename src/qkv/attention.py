@@ -151,7 +151,7 @@ def attention(
     See Also
     --------
     fused_attention : the same computation through PyTorch's fused kernel.
-    The chapter "Q, K and V: three letters, three meanings" (book/terminology.ipynb).
+    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
 
     Examples
     --------
@@ -196,6 +196,7 @@ def fused_attention(
     See Also
     --------
     attention : the explicit computation, which also returns the weights.
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------

@@ -54,7 +54,7 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     See Also
     --------
     merge_heads : the inverse.
-    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------
@@ -96,6 +96,7 @@ def merge_heads(x: Tensor) -> Tensor:
     See Also
     --------
     split_heads
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------
@@ -138,8 +139,8 @@ class HeadWeights:
     --------
     multi_head_attention : the paper's equations computed from these weights.
     MultiHeadAttention.from_heads, MultiHeadAttention.to_heads
-    qkv.interop : the same weights read from PyTorch, Hugging Face and Keras.
-    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+    qkv.interop.from_torch, qkv.interop.from_bert, qkv.interop.from_keras
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------
@@ -334,7 +335,7 @@ def multi_head_attention(
     See Also
     --------
     MultiHeadAttention : the same maths with fused projections.
-    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------

@@ -61,6 +61,7 @@ def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
     See Also
     --------
     to_torch : the inverse.
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------
@@ -125,6 +126,7 @@ def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadA
     See Also
     --------
     from_torch : the inverse.
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------
@@ -182,6 +184,10 @@ def from_bert(module: Any) -> HeadWeights:
     Returns
     -------
     HeadWeights
+
+    See Also
+    --------
+    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
 
     Examples
     --------
@@ -241,6 +247,10 @@ def from_keras(layer: Any) -> HeadWeights:
     -------
     HeadWeights
         float32 on the CPU, whatever the backend.
+
+    See Also
+    --------
+    :doc:`cross_attention` : the chapter "Cross-attention".
 
     Examples
     --------

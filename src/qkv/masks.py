@@ -43,7 +43,7 @@ def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | No
     See Also
     --------
     padding_mask
-    The chapter "Q, K and V: three letters, three meanings" (book/terminology.ipynb).
+    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
 
     Examples
     --------
@@ -90,6 +90,7 @@ def padding_mask(
     See Also
     --------
     causal_mask
+    :doc:`cross_attention` : the chapter "Cross-attention".
 
     Examples
     --------
@@ -132,6 +133,11 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
     BoolTensor, same shape
         True where attention is allowed.
 
+    See Also
+    --------
+    additive_mask : the other common convention, a float mask added to the scores.
+    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+
     Examples
     --------
     >>> import torch, qkv
@@ -161,6 +167,11 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     -------
     Tensor, same shape
         0 where allowed, ``-inf`` where blocked.
+
+    See Also
+    --------
+    from_torch_mask
+    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
 
     Examples
     --------

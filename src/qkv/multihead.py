@@ -200,7 +200,7 @@ class MultiHeadAttention(_MultiHeadBase):
     --------
     PerHeadMultiHeadAttention : the same maths, one projection per head.
     qkv.interop.to_torch : convert to ``torch.nn.MultiheadAttention``.
-    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------
@@ -411,7 +411,7 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
     See Also
     --------
     MultiHeadAttention
-    The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------

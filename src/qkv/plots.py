@@ -83,6 +83,11 @@ def plot_attention(
     -------
     matplotlib.axes.Axes
 
+    See Also
+    --------
+    plot_heads
+    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+
     Examples
     --------
     >>> import torch, qkv
@@ -132,6 +137,11 @@ def plot_heads(
     Returns
     -------
     matplotlib.figure.Figure
+
+    See Also
+    --------
+    plot_attention
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
 
     Examples
     --------

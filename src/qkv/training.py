@@ -111,6 +111,11 @@ def train(
     -------
     TrainingLog
 
+    See Also
+    --------
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`cross_attention` : the chapter "Cross-attention".
+
     Examples
     --------
     >>> import torch, qkv
