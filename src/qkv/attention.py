@@ -28,7 +28,7 @@ from qkv._validation import (
 __all__ = ["attention", "fused_attention"]
 
 
-def _check(
+def check_attention_args(
     query: object, key: object, value: object, mask: object | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Validate the arguments of :func:`attention` and :func:`fused_attention`."""
@@ -161,7 +161,7 @@ def attention(
     >>> output.shape, weights.shape
     (torch.Size([4, 5]), torch.Size([4, 6]))
     """
-    q, k, v, m = _check(query, key, value, mask)
+    q, k, v, m = check_attention_args(query, key, value, mask)
     return explicit_attention(q, k, v, m, scale)
 
 
@@ -205,5 +205,5 @@ def fused_attention(
     >>> torch.allclose(qkv.fused_attention(q, k, v), qkv.attention(q, k, v)[0], atol=1e-6)
     True
     """
-    q, k, v, m = _check(query, key, value, mask)
+    q, k, v, m = check_attention_args(query, key, value, mask)
     return fused_attention_unchecked(q, k, v, m, scale)

@@ -233,8 +233,9 @@ def from_keras(layer: Any) -> HeadWeights:
     """Read a Keras 3 ``keras.layers.MultiHeadAttention``'s weights as per-head weights.
 
     Keras keeps the per-head form already: the query kernel has shape
-    (d_model, h, d_k) and is applied with the einsum ``"...NI,HIO->...NHO"``
-    (N positions, I input features, H heads, O head size); the output kernel
+    (d_model, h, d_k), that is (I, H, O), and is applied with the einsum
+    ``"...NI,IHO->...NHO"`` (N positions, I input features, H heads, O head size;
+    Keras itself writes it ``"abc,cde->abde"``); the output kernel
     has shape (h, d_v, d_model). Works on any backend (torch, JAX, TensorFlow).
 
     Parameters

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 
 import numpy as np
 import torch
@@ -73,6 +74,8 @@ def setup(seed: int = 0) -> None:
     os.environ.setdefault("KERAS_BACKEND", "torch")
     seed_everything(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
+    # transformers imports tqdm's notebook bar, which warns when ipywidgets is absent.
+    warnings.filterwarnings("ignore", message="IProgress not found")
     torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)
     np.set_printoptions(precision=4, suppress=True, linewidth=100)
     try:

@@ -36,14 +36,19 @@ def _as_array(weights: Any, ndim: int, layout: str) -> np.ndarray:
 
 
 def _label_axis(ax: Axes, axis: str, labels: Sequence[str] | None, size: int, name: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     set_ticks = ax.set_xticks if axis == "x" else ax.set_yticks
     set_label = ax.set_xlabel if axis == "x" else ax.set_ylabel
     if labels is None:
+        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
         set_label(f"{name} position")
         return
     if len(labels) != size:
         raise ValueError(f"{name}s has {len(labels)} labels, but weights have {size} {name} positions")
-    set_ticks(range(size), labels, **({"rotation": 90} if axis == "x" else {}))
+    # Short labels (digits, short words) read best upright; long ones are turned.
+    rotate = axis == "x" and max((len(str(label)) for label in labels), default=0) > 5
+    set_ticks(range(size), labels, **({"rotation": 90} if rotate else {}))
     set_label(name)
 
 
@@ -57,6 +62,7 @@ def plot_attention(
     annotate: bool = False,
     colorbar: bool = True,
     vmax: float | None = 1.0,
+    figsize: tuple[float, float] | None = None,
 ) -> Axes:
     """Draw an attention map: one row per query, one column per key.
 
@@ -78,6 +84,8 @@ def plot_attention(
     vmax : float or None
         Top of the colour scale; 1.0 by default so maps are comparable, None
         to fit the data.
+    figsize : (float, float), optional
+        Size of the new figure, when ``ax`` is not given.
 
     Returns
     -------
@@ -97,7 +105,7 @@ def plot_attention(
 
     array = _as_array(weights, 2, "(T, S)")
     if ax is None:
-        _, ax = plt.subplots()
+        _, ax = plt.subplots(figsize=figsize, layout="constrained")
     image = ax.imshow(array, vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
     _label_axis(ax, "x", keys, array.shape[1], "key")
     _label_axis(ax, "y", queries, array.shape[0], "query")
@@ -154,7 +162,9 @@ def plot_heads(
 
     array = _as_array(weights, 3, "(h, T, S)")
     heads = array.shape[0]
-    figure, axes = plt.subplots(1, heads, figsize=(3.2 * heads + 1.0, 3.2), squeeze=False)
+    figure, axes = plt.subplots(
+        1, heads, figsize=(3.2 * heads + 1.0, 3.4), squeeze=False, layout="constrained"
+    )
     for i, ax in enumerate(axes[0]):
         plot_attention(
             array[i], queries=queries, keys=keys, ax=ax, title=f"head {i}", colorbar=False, vmax=vmax
