@@ -123,3 +123,40 @@ def require_mask(mask: object, target: Sequence[int], layout: str) -> Tensor:
             "shape (B, 1, 1, S) (see qkv.padding_mask), a causal mask (T, S)"
         )
     return mask
+
+
+def require_multi_head_inputs(
+    query: object,
+    key: object,
+    value: object,
+    mask: object | None,
+    *,
+    num_heads: int,
+    embed_dim: int,
+    kdim: int,
+    vdim: int,
+    embed_name: str = "embed_dim",
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Check the batch-first inputs of a multi-head attention layer and its mask.
+
+    ``query`` (B, T, embed_dim), ``key`` (B, S, kdim), ``value`` (B, S, vdim),
+    floating point; one batch size; keys and values of one length; a boolean
+    mask broadcastable to (B, h, T, S). Dtypes and devices are the caller's to
+    check against its weights.
+    """
+    q = require_tensor("query", query, ndim=3, layout=f"(B, T, {embed_name})")
+    k = require_tensor("key", key, ndim=3, layout="(B, S, kdim)")
+    v = require_tensor("value", value, ndim=3, layout="(B, S, vdim)")
+    require_size("query", q, 2, embed_dim, "features", embed_name)
+    require_size("key", k, 2, kdim, "features", "kdim")
+    require_size("value", v, 2, vdim, "features", "vdim")
+    require_size("value", v, 1, k.shape[1], "positions", "the key's length S")
+    require_size("key", k, 0, q.shape[0], "sequences in the batch", "the query's batch size")
+    require_size("value", v, 0, q.shape[0], "sequences in the batch", "the query's batch size")
+    m = None
+    if mask is not None:
+        target = (q.shape[0], num_heads, q.shape[1], k.shape[1])
+        m = require_mask(mask, target, "(B, h, T, S)")
+        if m.device != q.device:
+            raise ValueError(f"mask is on {m.device}, but query is on {q.device}")
+    return q, k, v, m

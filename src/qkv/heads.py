@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from qkv._validation import (
-    require_mask,
+    require_multi_head_inputs,
     require_positive_int,
     require_same_dtype_and_device,
     require_size,
@@ -305,6 +305,20 @@ class HeadWeights:
         )
 
 
+def check_multi_head_args(
+    query: object, key: object, value: object, weights: object, mask: object | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Validate the arguments of :func:`multi_head_attention` (and of its backward pass)."""
+    if not isinstance(weights, HeadWeights):
+        raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
+    q, k, v, m = require_multi_head_inputs(
+        query, key, value, mask, num_heads=weights.num_heads, embed_dim=weights.embed_dim,
+        kdim=weights.kdim, vdim=weights.vdim, embed_name="d_model",
+    )  # fmt: skip
+    require_same_dtype_and_device({"weights.w_q": weights.w_q, "query": q, "key": k, "value": v})
+    return q, k, v, m
+
+
 def multi_head_attention(
     query: Tensor,
     key: Tensor,
@@ -346,21 +360,7 @@ def multi_head_attention(
     >>> output.shape, weights.shape
     (torch.Size([2, 4, 12]), torch.Size([2, 3, 4, 6]))
     """
-    if not isinstance(weights, HeadWeights):
-        raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
-    q = require_tensor("query", query, ndim=3, layout="(B, T, d_model)")
-    k = require_tensor("key", key, ndim=3, layout="(B, S, kdim)")
-    v = require_tensor("value", value, ndim=3, layout="(B, S, vdim)")
-    require_same_dtype_and_device({"weights.w_q": weights.w_q, "query": q, "key": k, "value": v})
-    require_size("query", q, -1, weights.embed_dim, "features", "d_model")
-    require_size("key", k, -1, weights.kdim, "features", "kdim")
-    require_size("value", v, -1, weights.vdim, "features", "vdim")
-    require_size("value", v, 1, k.shape[1], "positions", "the key's length S")
-    require_size("key", k, 0, q.shape[0], "sequences in the batch", "the query's batch size")
-    require_size("value", v, 0, q.shape[0], "sequences in the batch", "the query's batch size")
-    if mask is not None:
-        target = (q.shape[0], weights.num_heads, q.shape[1], k.shape[1])
-        mask = require_mask(mask, target, "(B, h, T, S)")
+    q, k, v, mask = check_multi_head_args(query, key, value, weights, mask)
     w = weights
     q_heads = torch.einsum("btm,hmd->bhtd", q, w.w_q)  # (B, h, T, d_k)
     k_heads = torch.einsum("bsm,hmd->bhsd", k, w.w_k)  # (B, h, S, d_k)

@@ -17,12 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkv._validation import (
-    require_mask,
-    require_positive_int,
-    require_size,
-    require_tensor,
-)
+from qkv._validation import require_multi_head_inputs, require_positive_int
 from qkv.attention import explicit_attention, fused_attention_unchecked
 from qkv.heads import HeadWeights, merge_heads_unchecked, split_heads_unchecked
 
@@ -82,9 +77,10 @@ class _MultiHeadBase(nn.Module):
         self, query: object, key: object, value: object, mask: object | None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Validate forward's arguments once, at the boundary."""
-        q = require_tensor("query", query, ndim=3, layout="(B, T, embed_dim)")
-        k = require_tensor("key", key, ndim=3, layout="(B, S, kdim)")
-        v = require_tensor("value", value, ndim=3, layout="(B, S, vdim)")
+        q, k, v, m = require_multi_head_inputs(
+            query, key, value, mask, num_heads=self.num_heads, embed_dim=self.embed_dim,
+            kdim=self.kdim, vdim=self.vdim,
+        )  # fmt: skip
         parameter = next(self.parameters())
         for name, x in (("query", q), ("key", k), ("value", v)):
             if x.dtype != parameter.dtype:
@@ -97,18 +93,6 @@ class _MultiHeadBase(nn.Module):
                     f"{name} is on {x.device}, but the module's parameters are on "
                     f"{parameter.device}; move one of them with .to()"
                 )
-        require_size("query", q, 2, self.embed_dim, "features", "embed_dim")
-        require_size("key", k, 2, self.kdim, "features", "kdim")
-        require_size("value", v, 2, self.vdim, "features", "vdim")
-        require_size("value", v, 1, k.shape[1], "positions", "the key's length S")
-        require_size("key", k, 0, q.shape[0], "sequences in the batch", "the query's batch size")
-        require_size("value", v, 0, q.shape[0], "sequences in the batch", "the query's batch size")
-        m = None
-        if mask is not None:
-            target = (q.shape[0], self.num_heads, q.shape[1], k.shape[1])
-            m = require_mask(mask, target, "(B, h, T, S)")
-            if m.device != q.device:
-                raise ValueError(f"mask is on {m.device}, but query is on {q.device}")
         return q, k, v, m
 
     def _check_heads(self, weights: HeadWeights) -> None:
