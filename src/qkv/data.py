@@ -11,4 +11,457 @@ W^K and W^V come from" (book/training.ipynb).
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from qkv._validation import require_positive_int, require_tensor
+
+__all__: list[str] = [
+    "ABACUS_WORDS",
+    "IGNORE_INDEX",
+    "AbacusSpellingTask",
+    "AssociativeRecall",
+    "PreviousTokenBatch",
+    "PreviousTokenTask",
+    "RecallBatch",
+    "Seq2SeqBatch",
+]
+
+
+#: The target of positions that have no answer; ``F.cross_entropy`` skips it by default.
+IGNORE_INDEX = -100
+
+
+class RecallBatch(NamedTuple):
+    """One batch of :class:`AssociativeRecall`.
+
+    Attributes
+    ----------
+    keys : LongTensor, shape (B, num_pairs + 1)
+        The pairs' keys, then the query key (one of them) at the last position.
+    values : LongTensor, shape (B, num_pairs + 1)
+        The pairs' values, then ``num_values`` (the blank) at the last position.
+    target : LongTensor, shape (B,)
+        The value paired with the query key: the answer.
+    position : LongTensor, shape (B,)
+        Where that pair sits: the position the query must attend to.
+    """
+
+    keys: Tensor
+    values: Tensor
+    target: Tensor
+    position: Tensor
+
+
+@dataclass(frozen=True)
+class AssociativeRecall:
+    """Associative recall: key-value pairs, then a key; answer its value.
+
+    Each sequence holds ``num_pairs`` pairs with distinct keys (drawn from
+    ``num_keys``) and random values (from ``num_values``), one pair per
+    position, then one query position holding one of the keys and a blank
+    value. The answer is the value paired with the query key. It sits at one
+    position only, which changes from sequence to sequence, so a model can only
+    answer by attending from the query to that position, found by matching
+    keys. The data says nothing about where to attend.
+
+    Parameters
+    ----------
+    num_pairs : int
+        Pairs per sequence; the sequence has ``num_pairs + 1`` positions.
+    num_keys : int
+        Size of the key vocabulary; at least ``num_pairs``.
+    num_values : int
+        Size of the value vocabulary (the answers); the id ``num_values`` is
+        the blank value at the query position.
+
+    See Also
+    --------
+    qkv.models.RecallModel : a one-layer attention model that solves it.
+    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from qkv.data import AssociativeRecall
+    >>> batch = AssociativeRecall(num_pairs=4).sample(2, generator=torch.Generator().manual_seed(0))
+    >>> batch.keys.shape, batch.target.shape
+    (torch.Size([2, 5]), torch.Size([2]))
+    """
+
+    num_pairs: int = 8
+    num_keys: int = 16
+    num_values: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("num_pairs", "num_keys", "num_values"):
+            require_positive_int(name, getattr(self, name))
+        if self.num_pairs > self.num_keys:
+            raise ValueError(
+                f"num_pairs={self.num_pairs} pairs need as many distinct keys, but num_keys={self.num_keys}"
+            )
+
+    @property
+    def length(self) -> int:
+        """Positions per sequence: the pairs and the query."""
+        return self.num_pairs + 1
+
+    @property
+    def blank(self) -> int:
+        """The value id at the query position (not an answer)."""
+        return self.num_values
+
+    def sample(
+        self,
+        batch_size: int,
+        *,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> RecallBatch:
+        """Draw a batch of sequences.
+
+        Parameters
+        ----------
+        batch_size : int
+            B.
+        generator : torch.Generator, optional
+            Source of randomness (on the CPU), for reproducible batches.
+        device : torch.device or str, optional
+            Where the returned tensors live.
+
+        Returns
+        -------
+        RecallBatch
+            keys and values (B, num_pairs + 1), target and position (B,).
+        """
+        batch = require_positive_int("batch_size", batch_size)
+        n = self.num_pairs
+        order = torch.rand(batch, self.num_keys, generator=generator).argsort(dim=-1)  # (B, num_keys)
+        pair_keys = order[:, :n]  # (B, n): distinct keys in each sequence
+        pair_values = torch.randint(self.num_values, (batch, n), generator=generator)  # (B, n)
+        position = torch.randint(n, (batch,), generator=generator)  # (B,)
+        query = pair_keys.gather(1, position[:, None])  # (B, 1)
+        target = pair_values.gather(1, position[:, None])[:, 0]  # (B,)
+        keys = torch.cat([pair_keys, query], dim=1)  # (B, n + 1)
+        values = torch.cat([pair_values, torch.full((batch, 1), self.blank)], dim=1)  # (B, n + 1)
+        return RecallBatch(*(t.to(device) for t in (keys, values, target, position)))
+
+
+class PreviousTokenBatch(NamedTuple):
+    """One batch of :class:`PreviousTokenTask`.
+
+    Attributes
+    ----------
+    tokens : LongTensor, shape (B, T)
+    target : LongTensor, shape (B, T)
+        ``target[:, t] = tokens[:, t - 1]``; ``IGNORE_INDEX`` at t = 0.
+    """
+
+    tokens: Tensor
+    target: Tensor
+
+
+@dataclass(frozen=True)
+class PreviousTokenTask:
+    """Copy the previous token: at each position, answer the token one step back.
+
+    The tokens are independent and uniform, so the answer at position t is
+    found only at position t - 1: each query must attend to the key just
+    before it, and not to itself. That "look one step back" relation is not
+    symmetric, which is what the chapter uses it for.
+
+    Parameters
+    ----------
+    length : int
+        T, positions per sequence (at least 2).
+    vocab_size : int
+        Number of distinct tokens.
+
+    See Also
+    --------
+    qkv.models.PreviousTokenModel
+    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    """
+
+    length: int = 64
+    vocab_size: int = 16
+
+    def __post_init__(self) -> None:
+        require_positive_int("length", self.length)
+        require_positive_int("vocab_size", self.vocab_size)
+        if self.length < 2:
+            raise ValueError(f"length must be at least 2 (a previous token is needed), got {self.length}")
+
+    def sample(
+        self,
+        batch_size: int,
+        *,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> PreviousTokenBatch:
+        """Draw a batch: tokens (B, T) and targets (B, T), IGNORE_INDEX at position 0.
+
+        Parameters
+        ----------
+        batch_size : int
+            B.
+        generator : torch.Generator, optional
+            Source of randomness (on the CPU).
+        device : torch.device or str, optional
+            Where the returned tensors live.
+
+        Returns
+        -------
+        PreviousTokenBatch
+        """
+        batch = require_positive_int("batch_size", batch_size)
+        tokens = torch.randint(self.vocab_size, (batch, self.length), generator=generator)  # (B, T)
+        target = torch.full_like(tokens, IGNORE_INDEX)  # (B, T)
+        target[:, 1:] = tokens[:, :-1]  # the answer at t is the token at t - 1
+        return PreviousTokenBatch(tokens.to(device), target.to(device))
+
+
+# --- Spelling digits as words: a sequence-to-sequence task with a known alignment ---
+
+#: How :class:`AbacusSpellingTask` spells each digit, as an abacus shows it: a five-bead, then one-beads.
+ABACUS_WORDS: tuple[tuple[str, ...], ...] = (
+    ("zero",),
+    ("one",),
+    ("two",),
+    ("three",),
+    ("four",),
+    ("five", "zero"),
+    ("five", "one"),
+    ("five", "two"),
+    ("five", "three"),
+    ("five", "four"),
+)
+
+
+class Seq2SeqBatch(NamedTuple):
+    """A padded batch of (source, target) pairs, with the true alignment.
+
+    Attributes
+    ----------
+    source : LongTensor, shape (B, S)
+        Source token ids, padded with ``pad_id`` after ``source_lengths``.
+    source_lengths : LongTensor, shape (B,)
+        The number of real source tokens in each row.
+    target_in : LongTensor, shape (B, T)
+        What the decoder reads: ``bos_id`` then the target, padded.
+    target_out : LongTensor, shape (B, T)
+        What the decoder must predict at each position: the target then
+        ``eos_id``, padded with ``pad_id``.
+    alignment : LongTensor, shape (B, T)
+        For each position of ``target_out``, the source position its token
+        spells; -1 for the end-of-sequence token and for padding.
+    """
+
+    source: Tensor
+    source_lengths: Tensor
+    target_in: Tensor
+    target_out: Tensor
+    alignment: Tensor
+
+
+class AbacusSpellingTask:
+    """Spell digits the way an abacus shows them: ``7 0 3 -> five two zero three``.
+
+    On an abacus (a soroban) each rod shows one digit with a five-bead and up
+    to four one-beads. The target reads each digit of the source that way
+    (:data:`ABACUS_WORDS`): 0 to 4 as one word, 5 to 9 as "five" then the
+    number of one-beads, so 7 is "five two" and 5 is "five zero". The target
+    is longer than the source by a varying amount, every target word comes
+    from one known source position (the *alignment*, which cross-attention
+    should find), and no word can be predicted without reading its digit.
+
+    Token ids: the source has ``pad_id = 0`` then the digits 0-9 as ids 1-10;
+    the target has ``pad_id = 0``, ``bos_id = 1``, ``eos_id = 2``, then the
+    words zero to five.
+
+    Parameters
+    ----------
+    min_digits, max_digits : int
+        The range of source lengths (inclusive).
+
+    See Also
+    --------
+    qkv.models.TinyEncoderDecoder : the model the chapter trains on it.
+    The chapter "Cross-attention" (book/cross_attention.ipynb).
+
+    Examples
+    --------
+    >>> from qkv.data import AbacusSpellingTask
+    >>> task = AbacusSpellingTask()
+    >>> task.spell([7, 0, 3])
+    (['five', 'two', 'zero', 'three'], [0, 0, 1, 2])
+    """
+
+    pad_id = 0
+    bos_id = 1
+    eos_id = 2
+
+    def __init__(self, min_digits: int = 3, max_digits: int = 8) -> None:
+        self.min_digits = require_positive_int("min_digits", min_digits)
+        self.max_digits = require_positive_int("max_digits", max_digits)
+        if max_digits < min_digits:
+            raise ValueError(f"max_digits={max_digits} is smaller than min_digits={min_digits}")
+        self.source_tokens: list[str] = ["<pad>", *(str(digit) for digit in range(10))]
+        words = list(dict.fromkeys(word for spelling in ABACUS_WORDS for word in spelling))
+        self.target_tokens: list[str] = ["<pad>", "<bos>", "<eos>", *words]
+        self._target_id = {token: i for i, token in enumerate(self.target_tokens)}
+
+    @property
+    def source_vocab_size(self) -> int:
+        """Number of source token ids, padding included."""
+        return len(self.source_tokens)
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Number of target token ids, padding, start and end included."""
+        return len(self.target_tokens)
+
+    @property
+    def max_target_length(self) -> int:
+        """The longest ``target_out`` a batch can hold: two words per digit, plus the end."""
+        return 2 * self.max_digits + 1
+
+    def __repr__(self) -> str:
+        return f"AbacusSpellingTask(min_digits={self.min_digits}, max_digits={self.max_digits})"
+
+    def spell(self, digits: Sequence[int]) -> tuple[list[str], list[int]]:
+        """The words that spell ``digits``, and the source position of each word.
+
+        Parameters
+        ----------
+        digits : sequence of int
+            Digits 0-9.
+
+        Returns
+        -------
+        words : list of str
+        alignment : list of int
+            ``alignment[t]`` is the position in ``digits`` that ``words[t]`` spells.
+        """
+        words: list[str] = []
+        alignment: list[int] = []
+        for position, digit in enumerate(digits):
+            if isinstance(digit, bool) or not isinstance(digit, int) or not 0 <= digit <= 9:
+                raise ValueError(f"digits must be ints from 0 to 9, got {digit!r} at position {position}")
+            words.extend(ABACUS_WORDS[digit])
+            alignment.extend([position] * len(ABACUS_WORDS[digit]))
+        return words, alignment
+
+    def batch(
+        self,
+        batch_size: int,
+        *,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> Seq2SeqBatch:
+        """Draw a batch of random digit strings and their spellings.
+
+        Parameters
+        ----------
+        batch_size : int
+            B.
+        generator : torch.Generator, optional
+            The source of randomness (on the CPU); default torch's global one.
+        device : torch.device or str, optional
+            Where to put the tensors.
+
+        Returns
+        -------
+        Seq2SeqBatch
+            ``source`` (B, S) with S the longest source drawn, and
+            ``target_in``, ``target_out``, ``alignment`` (B, T) with T the
+            longest target plus one.
+        """
+        batch_size = require_positive_int("batch_size", batch_size)
+        lengths = torch.randint(
+            self.min_digits, self.max_digits + 1, (batch_size,), generator=generator
+        )  # (B,)
+        digits = torch.randint(0, 10, (batch_size, int(lengths.max())), generator=generator)  # (B, S)
+        return self.from_digits(
+            [row[:n] for row, n in zip(digits.tolist(), lengths.tolist(), strict=True)], device=device
+        )
+
+    def from_digits(
+        self, digits: Sequence[Sequence[int]], *, device: torch.device | str | None = None
+    ) -> Seq2SeqBatch:
+        """A padded batch from given digit strings, e.g. to look at one example.
+
+        Parameters
+        ----------
+        digits : sequence of B sequences of int
+            Each a string of digits 0-9, of any positive length.
+        device : torch.device or str, optional
+            Where to put the tensors.
+
+        Returns
+        -------
+        Seq2SeqBatch
+            As :meth:`batch` returns.
+
+        Examples
+        --------
+        >>> batch = AbacusSpellingTask().from_digits([[7, 0], [3]])
+        >>> batch.target_out
+        tensor([[8, 5, 3, 2],
+                [6, 2, 0, 0]])
+        """
+        if not digits or any(len(row) == 0 for row in digits):
+            raise ValueError("digits must hold at least one digit string, each with at least one digit")
+        spelled = [self.spell(list(row)) for row in digits]
+        B, S = len(digits), max(len(row) for row in digits)
+        T = max(len(words) for words, _ in spelled) + 1  # room for the end token
+        source = torch.full((B, S), self.pad_id)  # (B, S)
+        target_out = torch.full((B, T), self.pad_id)  # (B, T)
+        alignment = torch.full((B, T), -1)  # (B, T)
+        for row, (words, positions) in enumerate(spelled):
+            source[row, : len(digits[row])] = torch.tensor(list(digits[row])) + 1  # digit d has id d + 1
+            ids = [self._target_id[word] for word in words] + [self.eos_id]
+            target_out[row, : len(ids)] = torch.tensor(ids)
+            alignment[row, : len(positions)] = torch.tensor(positions)
+        lengths = torch.tensor([len(row) for row in digits])  # (B,)
+        target_in = torch.cat([torch.full((B, 1), self.bos_id), target_out[:, :-1]], dim=1)  # (B, T)
+        target_in = target_in.masked_fill(target_in == self.eos_id, self.pad_id)  # (B, T)
+        return Seq2SeqBatch(*(x.to(device) for x in (source, lengths, target_in, target_out, alignment)))
+
+    def source_words(self, source: Tensor) -> list[str]:
+        """One row of source ids as tokens, padding left out.
+
+        Parameters
+        ----------
+        source : LongTensor, shape (S,)
+
+        Returns
+        -------
+        list of str
+        """
+        ids = require_tensor("source", source, ndim=1, layout="(S,)", floating=False)
+        return [self.source_tokens[i] for i in ids.tolist() if i != self.pad_id]
+
+    def target_words(self, target: Tensor) -> list[str]:
+        """One row of target ids as tokens, up to (without) the end or the padding.
+
+        Parameters
+        ----------
+        target : LongTensor, shape (T,)
+
+        Returns
+        -------
+        list of str
+        """
+        ids = require_tensor("target", target, ndim=1, layout="(T,)", floating=False)
+        words = []
+        for i in ids.tolist():
+            if i in (self.eos_id, self.pad_id):
+                break
+            if i != self.bos_id:
+                words.append(self.target_tokens[i])
+        return words
