@@ -1,0 +1,108 @@
+# Queries, Keys and Values: build the book and run every check.
+#
+#   make book      create .venv if needed, build the HTML into _build/html
+#   make test      lint, unit tests, nbval (strict), strict book build, browser check
+#
+# Everything runs from the project's own .venv (created with python3 -m venv and
+# installed from requirements.txt). The install is redone only when
+# requirements.txt or pyproject.toml change (the stamp file .venv/.installed).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+PYTHON3 ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+HTML := _build/html
+NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
+SANITIZE := book/nbval_sanitize.cfg
+# `make execute NB=book/x.ipynb` re-runs one chapter; the default is all of them.
+NB ?= $(NOTEBOOKS)
+JB_BUILD := $(BIN)/jupyter-book build . --builder html
+# Stages of `make test`, in order; each one is also a target of its own.
+STAGES := lint unit nbval html-strict browser
+
+# Reproducible runs: the same hash seed in every kernel. (Leave MPLBACKEND unset:
+# kernels pick matplotlib's inline backend themselves.)
+export PYTHONHASHSEED := 0
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help book test $(STAGES) execute env clean
+
+help:
+	@echo "make book         build the HTML book into $(HTML) (creates $(VENV) when missing)"
+	@echo "make test         every check: $(STAGES)"
+	@echo "make lint         ruff on the package, tests, scripts and notebooks"
+	@echo "make unit         pytest on tests/ (without the browser check)"
+	@echo "make nbval        re-run every book/*.ipynb and compare with its stored outputs"
+	@echo "make html-strict  build the book from scratch with warnings as errors"
+	@echo "make browser      open every built page in headless Chromium"
+	@echo "make execute      re-run notebooks in place (NB=book/x.ipynb for one)"
+	@echo "make clean        remove the built book and caches (keeps $(VENV))"
+
+# --- the environment ---------------------------------------------------------
+
+$(PY):
+	$(PYTHON3) -m venv $(VENV)
+
+$(STAMP): requirements.txt pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -r requirements.txt
+	@touch $@
+
+env: $(STAMP)
+
+# --- the book ------------------------------------------------------------------
+
+book: $(STAMP)
+	$(JB_BUILD)
+	@echo "The book is built: open file://$(CURDIR)/$(HTML)/index.html"
+
+# --- the checks ----------------------------------------------------------------
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# The tests, and the examples in the package's docstrings (the API page shows them).
+unit: $(STAMP)
+	$(PY) -m pytest tests src/qkv --doctest-modules --ignore=tests/browser
+
+nbval: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
+	    --nbval-sanitize-with $(SANITIZE) $(NOTEBOOKS)
+
+# From scratch, so that every page's warnings are reported (an incremental build
+# stays quiet about unchanged pages) and no page removed from _toc.yml lingers.
+html-strict: $(STAMP)
+	rm -rf $(HTML) _build/.doctrees
+	$(JB_BUILD) --all --warningiserror --nitpick --keep-going
+
+# Brings the site up to date first (incremental: quick after html-strict).
+browser: $(STAMP)
+	$(JB_BUILD) --quiet
+	$(PY) -m pytest -p no:cacheprovider tests/browser --browser
+
+# Runs every stage even when one fails, then fails if any did.
+test: $(STAMP)
+	@passed=0; failed=0; failures=""; \
+	for stage in $(STAGES); do \
+	    echo "=== make $$stage"; \
+	    if $(MAKE) $$stage; then passed=$$((passed + 1)); \
+	    else failed=$$((failed + 1)); failures="$$failures $$stage"; fi; \
+	done; \
+	if [ $$failed -gt 0 ]; then echo "failed:$$failures"; fi; \
+	echo "summary: $$passed passed, $$failed failed"; \
+	test $$failed -eq 0
+
+# --- maintenance ---------------------------------------------------------------
+
+execute: $(STAMP)
+	$(PY) scripts/execute_notebooks.py $(NB)
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache .hypothesis .jupyter_cache jupyter_execute
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

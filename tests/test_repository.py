@@ -1,0 +1,175 @@
+"""The book's conventions, checked: chapters, table of contents, configuration, pins.
+
+These tests read files only; they do not run notebooks (``make nbval`` does that).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+PAGES = sorted(BOOK.glob("*.md"))
+
+FIRST_CELL = """\
+# Make this chapter self-sufficient: install qkv when it is missing (Colab).
+try:
+    import qkv
+except ImportError:
+    import subprocess
+    import sys
+
+    url = "git+{url}@{branch}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"qkv[notebook] @ {{url}}"], check=True)
+    import qkv
+
+qkv.setup()"""
+
+
+def _config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+
+
+def _toc_files() -> list[str]:
+    """Every file the table of contents names, as written (no extension)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    files = [toc["root"]]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk({key: value for key, value in toc.items() if key != "root"})
+    return files
+
+
+def _notebook(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _tags(cell: dict) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def _code_cells(path: Path) -> list[dict]:
+    return [c for c in _notebook(path)["cells"] if c["cell_type"] == "code" and _source(c).strip()]
+
+
+def test_there_is_at_least_one_chapter() -> None:
+    assert NOTEBOOKS, "book/ has no notebooks"
+
+
+def test_repository_is_configured_once() -> None:
+    repository = _config()["repository"]
+    assert repository["url"].startswith("https://github.com/")
+    assert repository["branch"] == "main"
+    # pyproject.toml names the same repository for the package's metadata.
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    urls = set(re.findall(r'"(https://github\.com/[^"]+?)(?:/issues)?"', pyproject))
+    assert urls == {repository["url"]}, f"pyproject.toml names {urls}, _config.yml {repository}"
+
+
+def test_build_shows_stored_outputs_and_only_the_toc() -> None:
+    config = _config()
+    assert config["execute"]["execute_notebooks"] == "off"
+    assert config["only_build_toc_files"] is True
+    assert config["bibtex_bibfiles"] == ["book/references.bib"]
+    assert "sphinx-mathjax-offline" in config["sphinx"]["config"]["extensions"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_code_cell_installs_qkv_and_calls_setup(path: Path) -> None:
+    repository = _config()["repository"]
+    expected = FIRST_CELL.format(url=repository["url"], branch=repository["branch"])
+    first = _code_cells(path)[0]
+    assert _source(first) == expected, (
+        f"{path.name}: the first code cell must be exactly the install-and-setup cell "
+        "of CONTRIBUTING.md, with the repository URL and branch of _config.yml"
+    )
+    assert "hide-cell" in _tags(first), f"{path.name}: tag the first code cell hide-cell"
+    assert not first.get("outputs"), f"{path.name}: the first cell must print nothing"
+
+
+def test_toc_lists_every_page_and_only_existing_ones() -> None:
+    listed = _toc_files()
+    assert len(listed) == len(set(listed)), f"_toc.yml lists a file twice: {listed}"
+    missing = [
+        name for name in listed if not any((ROOT / f"{name}{ext}").is_file() for ext in (".md", ".ipynb"))
+    ]
+    assert not missing, f"_toc.yml lists files that do not exist: {missing}"
+    on_disk = {p.relative_to(ROOT).with_suffix("").as_posix() for p in NOTEBOOKS + PAGES}
+    unlisted = sorted(on_disk - set(listed))
+    assert not unlisted, f"pages in book/ missing from _toc.yml: {unlisted}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_executed_top_to_bottom(path: Path) -> None:
+    counts = [cell.get("execution_count") for cell in _code_cells(path)]
+    unexecuted = [i for i, count in enumerate(counts) if count is None]
+    assert not unexecuted, (
+        f"{path.name}: code cells {unexecuted} have no stored output; run 'make execute NB={path}'"
+    )
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: execution counts {counts} are not 1, 2, 3...: "
+        f"run 'make execute NB={path}' to re-run it top to bottom"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_no_unexpected_errors(path: Path) -> None:
+    for index, cell in enumerate(_code_cells(path)):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors and "raises-exception" not in _tags(cell):
+            names = [e.get("ename") for e in errors]
+            pytest.fail(f"{path.name}: code cell {index} stored {names}; tag it raises-exception")
+        if "raises-exception" in _tags(cell):
+            assert errors, f"{path.name}: code cell {index} is tagged raises-exception but raised nothing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_tags_follow_the_conventions(path: Path) -> None:
+    cells = _code_cells(path)
+    for index, cell in enumerate(cells):
+        tags = _tags(cell)
+        assert "nbval-skip" not in tags, f"{path.name}: code cell {index} is tagged nbval-skip"
+        if "nbval-ignore-output" in tags:
+            following = cells[index + 1] if index + 1 < len(cells) else None
+            assert following is not None and "assert" in _source(following), (
+                f"{path.name}: code cell {index} ignores its output (nbval-ignore-output), "
+                "so the next code cell must assert what that output shows"
+            )
+
+
+def test_requirements_pin_the_build() -> None:
+    lines = [
+        line.split("#")[0].strip()
+        for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    ]
+    lines = [line for line in lines if line]
+    assert "-e ." in lines, "requirements.txt must install the package itself (-e .)"
+    assert "torch==2.13.0" in lines
+    jupyter_book = [line for line in lines if re.match(r"jupyter[-_]book\b", line, re.I)]
+    assert len(jupyter_book) == 1, jupyter_book
+    version = re.fullmatch(r"jupyter[-_]book==(\d+)\.[\w.]+", jupyter_book[0], re.I)
+    assert version and int(version.group(1)) < 2, (
+        f"{jupyter_book[0]}: the book needs Jupyter Book 1.x (2.x reads none of _config.yml)"
+    )
+    unpinned = [line for line in lines if line != "-e ." and "==" not in line]
+    assert not unpinned, f"requirements.txt must pin exact versions: {unpinned}"
