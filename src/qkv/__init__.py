@@ -6,10 +6,13 @@ importable from the top level::
     import qkv
     output, weights = qkv.attention(query, key, value, mask=qkv.causal_mask(T))
 
-Conversions to and from other libraries live in :mod:`qkv.interop`.
+Submodules: :mod:`qkv.interop` (other libraries' layouts), :mod:`qkv.checks`
+(property checks for any attention code), :mod:`qkv.gradients` (the backward
+pass by hand), :mod:`qkv.data` (synthetic tasks), :mod:`qkv.models` (small
+models) and :mod:`qkv.training` (the training loop).
 """
 
-from qkv import interop, training
+from qkv import checks, data, gradients, interop, models, training
 from qkv.attention import attention, fused_attention
 from qkv.heads import HeadWeights, merge_heads, multi_head_attention, split_heads
 from qkv.masks import additive_mask, causal_mask, from_torch_mask, padding_mask
@@ -28,11 +31,15 @@ __all__ = [
     "additive_mask",
     "attention",
     "causal_mask",
+    "checks",
+    "data",
     "from_torch_mask",
     "fused_attention",
     "get_device",
+    "gradients",
     "interop",
     "merge_heads",
+    "models",
     "multi_head_attention",
     "padding_mask",
     "plot_attention",

@@ -353,7 +353,7 @@ def check_rows_sum_to_one(
     See Also
     --------
     run_checks
-    The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
 
     Examples
     --------
@@ -468,7 +468,7 @@ def check_mask_respected(
     See Also
     --------
     run_checks
-    The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
     """
     _check_tolerance(atol)
     if mask is None:
@@ -535,7 +535,7 @@ def check_permutation_invariant(
     See Also
     --------
     run_checks
-    The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -614,7 +614,7 @@ def check_causal(
     See Also
     --------
     qkv.causal_mask
-    The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, _ = _prepare(attend, query, key, value, None)
@@ -729,7 +729,7 @@ def check_heads_independent(
     See Also
     --------
     qkv.split_heads
-    The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -894,7 +894,7 @@ def check_matches_reference(
     See Also
     --------
     qkv.multi_head_attention, qkv.attention
-    The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -981,7 +981,7 @@ def run_checks(
     Returns
     -------
     list of CheckResult
-        One per name in :data:`CHECKS`, in that order; ``passed`` is None for a
+        One per name in ``qkv.checks.CHECKS``, in that order; ``passed`` is None for a
         check that does not apply (no mask; fewer than 2 keys, queries or heads;
         fewer keys than queries; no reference).
 
@@ -989,7 +989,7 @@ def run_checks(
     --------
     check_rows_sum_to_one, check_mask_respected, check_permutation_invariant,
     check_causal, check_heads_independent, check_matches_reference
-    The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
 
     Examples
     --------

@@ -82,7 +82,7 @@ class AssociativeRecall:
     See Also
     --------
     qkv.models.RecallModel : a one-layer attention model that solves it.
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
 
     Examples
     --------
@@ -184,7 +184,7 @@ class PreviousTokenTask:
     See Also
     --------
     qkv.models.PreviousTokenModel
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
 
     length: int = 64
@@ -273,7 +273,7 @@ class AbacusSpellingTask:
 
     On an abacus (a soroban) each rod shows one digit with a five-bead and up
     to four one-beads. The target reads each digit of the source that way
-    (:data:`ABACUS_WORDS`): 0 to 4 as one word, 5 to 9 as "five" then the
+    (:data:`qkv.data.ABACUS_WORDS`): 0 to 4 as one word, 5 to 9 as "five" then the
     number of one-beads, so 7 is "five two" and 5 is "five zero". The target
     is longer than the source by a varying amount, every target word comes
     from one known source position (the *alignment*, which cross-attention
@@ -291,7 +291,7 @@ class AbacusSpellingTask:
     See Also
     --------
     qkv.models.TinyEncoderDecoder : the model the chapter trains on it.
-    The chapter "Cross-attention" (book/cross_attention.ipynb).
+    :doc:`cross_attention` : the chapter "Cross-attention".
 
     Examples
     --------

@@ -85,7 +85,7 @@ def softmax_backward(weights: Tensor, grad_weights: Tensor) -> Tensor:
     See Also
     --------
     attention_backward
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
     p = require_tensor("weights", weights, min_ndim=1, layout="(..., T, S)")
     dp = require_tensor("grad_weights", grad_weights, min_ndim=1, layout="(..., T, S)")
@@ -154,7 +154,7 @@ def attention_backward(
     --------
     softmax_backward : the step through the softmax.
     manual_attention : the same formulas as an autograd function, for ``gradcheck``.
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
 
     Examples
     --------
@@ -275,7 +275,7 @@ def multi_head_attention_backward(
     --------
     attention_backward : the step through one head's attention.
     manual_multi_head_attention : the same formulas as an autograd function.
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
 
     Examples
     --------
@@ -347,7 +347,7 @@ def manual_attention(
     See Also
     --------
     attention_backward
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
     q, k, v, m = _check_attention(query, key, value, mask)
     if scale is None:
@@ -417,7 +417,7 @@ def manual_multi_head_attention(
     See Also
     --------
     multi_head_attention_backward
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
     q, k, v, m = check_multi_head_args(query, key, value, weights, mask)
     w = weights

@@ -57,7 +57,7 @@ class RecallModel(nn.Module):
     See Also
     --------
     qkv.data.AssociativeRecall
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
 
     def __init__(self, num_keys: int, num_values: int, embed_dim: int = 32, num_heads: int = 1) -> None:
@@ -134,7 +134,7 @@ class PreviousTokenModel(nn.Module):
     See Also
     --------
     qkv.data.PreviousTokenTask
-    The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
 
     def __init__(
@@ -212,7 +212,7 @@ class EncoderLayer(nn.Module):
     See Also
     --------
     DecoderLayer
-    The chapter "Cross-attention" (book/cross_attention.ipynb).
+    :doc:`cross_attention` : the chapter "Cross-attention".
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int) -> None:
@@ -268,7 +268,7 @@ class DecoderLayer(nn.Module):
     See Also
     --------
     EncoderLayer, TinyEncoderDecoder
-    The chapter "Cross-attention" (book/cross_attention.ipynb).
+    :doc:`cross_attention` : the chapter "Cross-attention".
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int, memory_dim: int) -> None:
@@ -332,7 +332,7 @@ class DecoderLayer(nn.Module):
         memory_mask : BoolTensor, optional, broadcastable to (B, h, T, S)
             True = may attend; the source padding mask (B, 1, 1, S).
         memory_keys_values : (Tensor (B, h, S, d_k), Tensor (B, h, S, d_v)), optional
-            Precomputed :meth:`memory_keys_values`, used instead of ``memory``.
+            Precomputed :meth:`DecoderLayer.memory_keys_values`, used instead of ``memory``.
         need_weights : bool
             Also return the cross-attention weights.
 
@@ -392,7 +392,7 @@ class TinyEncoderDecoder(nn.Module):
     See Also
     --------
     qkv.data.AbacusSpellingTask : a task to train it on.
-    The chapter "Cross-attention" (book/cross_attention.ipynb).
+    :doc:`cross_attention` : the chapter "Cross-attention".
 
     Examples
     --------

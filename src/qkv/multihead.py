@@ -14,8 +14,15 @@ The chapter "One big W^Q or one per head?" (book/heads.ipynb).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor, nn
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:  # pragma: no cover - torch itself depends on typing_extensions
+    from typing_extensions import Self
 
 from qkv._validation import require_multi_head_inputs, require_positive_int
 from qkv.attention import explicit_attention, fused_attention_unchecked
@@ -109,7 +116,7 @@ class _MultiHeadBase(nn.Module):
             )
 
     @classmethod
-    def from_heads(cls, weights: HeadWeights, *, dropout: float = 0.0) -> _MultiHeadBase:
+    def from_heads(cls, weights: HeadWeights, *, dropout: float = 0.0) -> Self:
         """Build a module holding ``weights`` (copied), on their dtype and device.
 
         Parameters
