@@ -160,3 +160,36 @@ def require_multi_head_inputs(
         if m.device != q.device:
             raise ValueError(f"mask is on {m.device}, but query is on {q.device}")
     return q, k, v, m
+
+
+def resolve_head_sizes(
+    embed_dim: object,
+    num_heads: object,
+    kdim: object | None = None,
+    vdim: object | None = None,
+    d_k: object | None = None,
+    d_v: object | None = None,
+) -> tuple[int, int, int, int, int, int]:
+    """Check a multi-head layer's sizes and fill in the defaults.
+
+    ``kdim`` and ``vdim`` default to ``embed_dim``; ``d_k`` to
+    ``embed_dim // num_heads``, which must then divide evenly; ``d_v`` to ``d_k``.
+
+    Returns
+    -------
+    (embed_dim, num_heads, kdim, vdim, d_k, d_v)
+    """
+    embed_dim = require_positive_int("embed_dim", embed_dim)
+    num_heads = require_positive_int("num_heads", num_heads)
+    kdim = embed_dim if kdim is None else require_positive_int("kdim", kdim)
+    vdim = embed_dim if vdim is None else require_positive_int("vdim", vdim)
+    if d_k is None:
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}: each head "
+                "gets embed_dim / num_heads features (or pass d_k explicitly)"
+            )
+        d_k = embed_dim // num_heads
+    d_k = require_positive_int("d_k", d_k)
+    d_v = d_k if d_v is None else require_positive_int("d_v", d_v)
+    return embed_dim, num_heads, kdim, vdim, d_k, d_v

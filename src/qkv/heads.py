@@ -26,6 +26,7 @@ from qkv._validation import (
     require_same_dtype_and_device,
     require_size,
     require_tensor,
+    resolve_head_sizes,
     shape_str,
 )
 from qkv.attention import explicit_attention
@@ -275,18 +276,9 @@ class HeadWeights:
         -------
         HeadWeights
         """
-        embed_dim = require_positive_int("embed_dim", embed_dim)
-        num_heads = require_positive_int("num_heads", num_heads)
-        kdim = embed_dim if kdim is None else require_positive_int("kdim", kdim)
-        vdim = embed_dim if vdim is None else require_positive_int("vdim", vdim)
-        if d_k is None:
-            if embed_dim % num_heads:
-                raise ValueError(
-                    f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; pass d_k explicitly"
-                )
-            d_k = embed_dim // num_heads
-        d_k = require_positive_int("d_k", d_k)
-        d_v = d_k if d_v is None else require_positive_int("d_v", d_v)
+        embed_dim, num_heads, kdim, vdim, d_k, d_v = resolve_head_sizes(
+            embed_dim, num_heads, kdim, vdim, d_k, d_v
+        )
 
         def uniform(shape: tuple[int, ...], fan_in: int) -> Tensor:
             u = torch.rand(shape, dtype=dtype, device=device, generator=generator)

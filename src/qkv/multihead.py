@@ -24,7 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - torch itself depends on typing_extensions
     from typing_extensions import Self
 
-from qkv._validation import require_multi_head_inputs, require_positive_int
+from qkv._validation import require_multi_head_inputs, require_positive_int, resolve_head_sizes
 from qkv.attention import explicit_attention, fused_attention_unchecked
 from qkv.heads import HeadWeights, merge_heads_unchecked, split_heads_unchecked
 
@@ -47,19 +47,8 @@ class _MultiHeadBase(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.embed_dim = require_positive_int("embed_dim", embed_dim)
-        self.num_heads = require_positive_int("num_heads", num_heads)
-        self.kdim = embed_dim if kdim is None else require_positive_int("kdim", kdim)
-        self.vdim = embed_dim if vdim is None else require_positive_int("vdim", vdim)
-        if d_k is None:
-            if embed_dim % num_heads:
-                raise ValueError(
-                    f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}: "
-                    f"each head gets embed_dim / num_heads features (or pass d_k)"
-                )
-            d_k = embed_dim // num_heads
-        self.d_k = require_positive_int("d_k", d_k)
-        self.d_v = self.d_k if d_v is None else require_positive_int("d_v", d_v)
+        sizes = resolve_head_sizes(embed_dim, num_heads, kdim, vdim, d_k, d_v)
+        self.embed_dim, self.num_heads, self.kdim, self.vdim, self.d_k, self.d_v = sizes
         if not isinstance(bias, bool):
             raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
         self.bias = bias
