@@ -101,18 +101,28 @@ def bert_attention(dtype=torch.float64):
     return BertAttention(config).to(dtype).eval()
 
 
-def test_from_bert_matches_bert_attention():
-    bert = bert_attention()
-    x, _, _ = inputs()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_from_bert_matches_bert_attention_outputs_weights_and_gradients(dtype):
+    bert = bert_attention(dtype)
     hw = interop.from_bert(bert)
     assert (hw.num_heads, hw.d_k) == (H, E // H)
-    keep = qkv.padding_mask([4, 2])  # (B, 1, 1, T): True = real token
-    additive = qkv.additive_mask(keep, torch.float64).clamp(min=torch.finfo(torch.float64).min)
-    expected = bert(x, attention_mask=additive)[0]  # Hugging Face adds a (B, 1, 1, T) float mask
     ours = qkv.MultiHeadAttention.from_heads(hw)
-    attended = ours(x, mask=keep)
+    keep = qkv.padding_mask([4, 2])  # (B, 1, 1, T): True = real token
+    additive = qkv.additive_mask(keep, dtype).clamp(min=torch.finfo(dtype).min)
+    x_bert, _, _ = inputs(dtype)
+    x_ours = x_bert.clone()
+    x_bert.requires_grad_()
+    x_ours.requires_grad_()
+    expected, expected_weights = bert(x_bert, attention_mask=additive)  # HF adds a float mask
+    attended, weights = ours(x_ours, mask=keep, need_weights=True)
     # BertAttention = LayerNorm(x + MultiHead(x, x, x)): the residual and LayerNorm sit in bert.output.
-    torch.testing.assert_close(bert.output.LayerNorm(attended + x), expected)
+    output = bert.output.LayerNorm(attended + x_ours)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
+    torch.testing.assert_close(output, expected, **tol)
+    torch.testing.assert_close(weights, expected_weights, **tol)
+    expected.square().sum().backward()
+    output.square().sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_bert.grad, **tol)
 
 
 def test_from_bert_rejects_the_inner_self_attention():
@@ -135,18 +145,32 @@ def keras_layer(key_dim=4, value_dim=5, use_bias=True):
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
-def test_from_keras_matches_keras(use_bias):
-    keras, layer = keras_layer(use_bias=use_bias)
+@pytest.mark.parametrize("kind", ["padding", "causal"])
+def test_from_keras_matches_keras_outputs_weights_and_gradients(use_bias, kind):
+    _, layer = keras_layer(use_bias=use_bias)
     x, k, v = inputs(torch.float32)
-    keep = qkv.padding_mask([6, 3])[:, 0]  # (B, 1, S), broadcast by us to (B, T, S) for Keras
-    expected = layer(query=x, value=v, key=k, attention_mask=keep.expand(B, T, S))
-    expected = torch.as_tensor(keras.ops.convert_to_numpy(expected))
+    if kind == "padding":
+        keep = qkv.padding_mask([6, 3])[:, 0].expand(B, T, S)  # (B, T, S) for Keras: 1 = attend
+    else:
+        keep = qkv.causal_mask(T, S).expand(B, T, S)
+    keras_inputs = [t.clone().requires_grad_() for t in (x, k, v)]
+    expected, expected_weights = layer(
+        query=keras_inputs[0], value=keras_inputs[2], key=keras_inputs[1],
+        attention_mask=keep, return_attention_scores=True,
+    )  # fmt: skip
     hw = interop.from_keras(layer)
     assert (hw.d_k, hw.d_v, hw.kdim, hw.vdim, hw.bias) == (4, 5, KDIM, VDIM, use_bias)
-    output, _ = qkv.multi_head_attention(x, k, v, hw, mask=keep[:, None])
-    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
     module = qkv.MultiHeadAttention.from_heads(hw)  # d_k·h != embed_dim is fine for qkv
-    torch.testing.assert_close(module(x, k, v, mask=keep[:, None]), expected, atol=1e-5, rtol=1e-5)
+    our_inputs = [t.clone().requires_grad_() for t in (x, k, v)]
+    output, weights = module(*our_inputs, mask=keep[:, None], need_weights=True)  # (B, 1, T, S)
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=1e-5)
+    functional, _ = qkv.multi_head_attention(x, k, v, hw, mask=keep[:, None])
+    torch.testing.assert_close(functional, expected, atol=1e-5, rtol=1e-5)
+    expected.square().sum().backward()
+    output.square().sum().backward()
+    for ours, theirs in zip(our_inputs, keras_inputs, strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-5, rtol=1e-4)
 
 
 def test_keras_errors():

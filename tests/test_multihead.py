@@ -177,3 +177,29 @@ def test_attention_head_is_one_head_of_the_per_head_module():
     _, weights = per_head(x, k, v, need_weights=True)
     _, head_weights = per_head.heads[2](x, k, v)
     torch.testing.assert_close(head_weights, weights[:, 2])
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_a_3d_mask_is_refused_as_ambiguous(module_class):
+    module = module_class(E, H)  # B = h = 3: a (B, T, S) mask would broadcast as (h, T, S)
+    x = torch.randn(3, T, E)
+    keras_style = torch.ones(3, T, T, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"mask has 3 dimensions \(3, 4, 4\), which is ambiguous"):
+        module(x, mask=keras_style)
+    torch.testing.assert_close(module(x, mask=keras_style[:, None]), module(x))  # the fix it suggests
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_a_sequence_with_no_allowed_key_gives_finite_outputs_and_gradients(module_class, need_weights):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM).double()
+    x, k, v = (t.requires_grad_() for t in inputs())
+    mask = qkv.padding_mask([0, 3], S)  # sequence 0 may attend to nothing
+    result = module(x, k, v, mask=mask, need_weights=need_weights)
+    output = result[0] if need_weights else result
+    # No allowed key: every head's output is zero, so the layer returns out_proj's bias.
+    torch.testing.assert_close(output[0], module.out_proj.bias.expand(T, E))
+    output.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (x, k, v))
+    if need_weights:
+        assert torch.equal(result[1][0], torch.zeros(H, T, S, dtype=torch.float64))

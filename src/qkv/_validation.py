@@ -156,6 +156,14 @@ def require_multi_head_inputs(
     m = None
     if mask is not None:
         target = (q.shape[0], num_heads, q.shape[1], k.shape[1])
+        if isinstance(mask, Tensor) and mask.dim() == 3:
+            # (B, T, S) per sequence, as Keras takes it, or (h, T, S) per head? Both
+            # broadcast when B == h, with different meanings: refuse to guess.
+            raise ValueError(
+                f"mask has 3 dimensions {shape_str(mask.shape)}, which is ambiguous: for one "
+                "mask per sequence (B, T, S) pass mask[:, None] (B, 1, T, S); for one per head "
+                "(h, T, S) pass mask[None] (1, h, T, S)"
+            )
         m = require_mask(mask, target, "(B, h, T, S)")
         if m.device != q.device:
             raise ValueError(f"mask is on {m.device}, but query is on {q.device}")

@@ -231,7 +231,10 @@ class MultiHeadAttention(_MultiHeadBase):
         value : Tensor, shape (B, S, vdim), optional
             Defaults to ``key``.
         mask : BoolTensor, optional, broadcastable to (B, h, T, S)
-            True means "may attend". See :func:`qkv.causal_mask`, :func:`qkv.padding_mask`.
+            True means "may attend". (T, S) for one mask for all (e.g.
+            :func:`qkv.causal_mask`), (B, 1, 1, S) for padding (:func:`qkv.padding_mask`),
+            (B, 1, T, S) per sequence. A 2-D mask is always read as (T, S), and a 3-D
+            mask is refused as ambiguous.
         need_weights : bool
             Also return the per-head attention weights (explicit path).
 
