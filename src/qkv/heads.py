@@ -275,6 +275,14 @@ class HeadWeights:
         Returns
         -------
         HeadWeights
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> g = torch.Generator().manual_seed(0)
+        >>> hw = qkv.HeadWeights.random(12, 3, d_v=2, bias=False, generator=g)
+        >>> hw.w_v.shape, hw.w_o.shape, hw.bias
+        (torch.Size([3, 12, 2]), torch.Size([6, 12]), False)
         """
         embed_dim, num_heads, kdim, vdim, d_k, d_v = resolve_head_sizes(
             embed_dim, num_heads, kdim, vdim, d_k, d_v

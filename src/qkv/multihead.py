@@ -118,6 +118,13 @@ class _MultiHeadBase(nn.Module):
         Returns
         -------
         The module, with every size taken from ``weights``.
+
+        Examples
+        --------
+        >>> import qkv
+        >>> hw = qkv.HeadWeights.random(12, 3, kdim=10)
+        >>> qkv.PerHeadMultiHeadAttention.from_heads(hw).heads[0].k_proj
+        Linear(in_features=10, out_features=4, bias=True)
         """
         if not isinstance(weights, HeadWeights):
             raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
@@ -244,6 +251,17 @@ class MultiHeadAttention(_MultiHeadBase):
         weights : Tensor, shape (B, h, T, S)
             Only when ``need_weights`` is True; rows sum to 1 (0 for a query
             with no allowed key). These are the weights before dropout.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> mha = qkv.MultiHeadAttention(12, 3)
+        >>> x = torch.randn(2, 5, 12)
+        >>> mha(x, mask=qkv.causal_mask(5)).shape  # self-attention, fast path
+        torch.Size([2, 5, 12])
+        >>> output, weights = mha(x, need_weights=True)
+        >>> weights.shape, weights.sum(-1).allclose(torch.ones(2, 3, 5))
+        (torch.Size([2, 3, 5, 5]), True)
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -287,6 +305,14 @@ class MultiHeadAttention(_MultiHeadBase):
         HeadWeights
             ``w_q[i]`` is the column block ``[i·d_k, (i+1)·d_k)`` of
             W^Q = ``q_proj.weight.T``; likewise for K and V.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> mha = qkv.MultiHeadAttention(12, 3)
+        >>> hw = mha.to_heads()
+        >>> torch.equal(hw.w_q[1], mha.q_proj.weight[4:8].T)  # head 1: rows 4..7, transposed
+        True
         """
         h = self.num_heads
 

@@ -42,6 +42,13 @@ def seed_everything(seed: int = 0) -> None:
     ----------
     seed : int
         The seed.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> qkv.seed_everything(1); a = torch.rand(2)
+    >>> qkv.seed_everything(1); torch.equal(a, torch.rand(2))
+    True
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
@@ -91,5 +98,12 @@ def get_device() -> torch.device:
     Returns
     -------
     torch.device
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> qkv.get_device().type in ("cpu", "cuda")
+    True
+    >>> model = qkv.MultiHeadAttention(12, 3).to(qkv.get_device())
     """
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
