@@ -36,7 +36,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 help:
 	@echo "make book         build the HTML book into $(HTML) (creates $(VENV) when missing)"
-	@echo "make test         every check: $(STAGES)"
+	@echo "make test         every check: $(STAGES) (unchanged stages are skipped; FORCE=1 runs all)"
 	@echo "make lint         ruff on the package, tests, scripts and notebooks"
 	@echo "make unit         pytest on tests/ (without the browser check)"
 	@echo "make nbval        re-run every book/*.ipynb and compare with its stored outputs"
@@ -64,31 +64,54 @@ book: $(STAMP)
 
 # --- the checks ----------------------------------------------------------------
 
-lint: $(STAMP)
+# Each stage records its success in $(PASSED)/<stage> and runs again only when one
+# of its inputs is newer: a second `make test` with nothing changed takes seconds.
+# A fresh clone (CI) has no records, so everything runs. FORCE=1 re-runs all.
+PASSED := _build/.passed
+PACKAGE := $(shell find src -name '*.py') pyproject.toml
+TESTS := $(shell find tests -name '*.py')
+BOOK_SOURCES := $(wildcard book/*.md book/*.bib book/_ext/*.py) $(NOTEBOOKS) _config.yml _toc.yml
+
+define passed
+	@mkdir -p $(PASSED) && touch $(PASSED)/$(1)
+endef
+
+lint: $(PASSED)/lint
+$(PASSED)/lint: $(STAMP) $(PACKAGE) $(TESTS) $(NOTEBOOKS) $(wildcard scripts/*.py benchmarks/*.py book/*.py)
 	$(BIN)/ruff check .
+	$(call passed,lint)
 
 # The tests, and the examples in the package's docstrings (the API page shows them).
-unit: $(STAMP)
+unit: $(PASSED)/unit
+$(PASSED)/unit: $(STAMP) $(PACKAGE) $(TESTS)
 	$(PY) -m pytest tests src/qkv --doctest-modules --ignore=tests/browser
+	$(call passed,unit)
 
-nbval: $(STAMP)
+nbval: $(PASSED)/nbval
+$(PASSED)/nbval: $(STAMP) $(PACKAGE) $(NOTEBOOKS) $(SANITIZE) book/conftest.py
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
 	    --nbval-sanitize-with $(SANITIZE) $(NOTEBOOKS)
+	$(call passed,nbval)
 
 # From scratch, so that every page's warnings are reported (an incremental build
 # stays quiet about unchanged pages) and no page removed from _toc.yml lingers.
-html-strict: $(STAMP)
+html-strict: $(PASSED)/html-strict
+$(PASSED)/html-strict: $(STAMP) $(PACKAGE) $(BOOK_SOURCES)
 	rm -rf $(HTML) _build/.doctrees
 	$(JB_BUILD) --all --warningiserror --nitpick --keep-going
+	$(call passed,html-strict)
 
 # Brings the site up to date first (incremental: quick after html-strict).
-browser: $(STAMP)
+browser: $(PASSED)/browser
+$(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
 	$(JB_BUILD) --quiet
 	$(PY) -m pytest -p no:cacheprovider tests/browser --browser
+	$(call passed,browser)
 
 # Runs every stage even when one fails, then fails if any did.
 test: $(STAMP)
-	@passed=0; failed=0; failures=""; \
+	@if [ -n "$(FORCE)" ]; then rm -rf $(PASSED); fi; \
+	passed=0; failed=0; failures=""; \
 	for stage in $(STAGES); do \
 	    echo "=== make $$stage"; \
 	    if $(MAKE) $$stage; then passed=$$((passed + 1)); \
