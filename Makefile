@@ -77,17 +77,20 @@ define passed
 endef
 
 lint: $(PASSED)/lint
+	@echo "lint: passed (re-runs when one of its inputs changes)"
 $(PASSED)/lint: $(STAMP) $(PACKAGE) $(TESTS) $(NOTEBOOKS) $(wildcard scripts/*.py benchmarks/*.py book/*.py)
 	$(BIN)/ruff check .
 	$(call passed,lint)
 
 # The tests, and the examples in the package's docstrings (the API page shows them).
 unit: $(PASSED)/unit
+	@echo "unit: passed (re-runs when one of its inputs changes)"
 $(PASSED)/unit: $(STAMP) $(PACKAGE) $(TESTS)
 	$(PY) -m pytest tests src/qkv --doctest-modules --ignore=tests/browser
 	$(call passed,unit)
 
 nbval: $(PASSED)/nbval
+	@echo "nbval: passed (re-runs when one of its inputs changes)"
 $(PASSED)/nbval: $(STAMP) $(PACKAGE) $(NOTEBOOKS) $(SANITIZE) book/conftest.py
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
 	    --nbval-sanitize-with $(SANITIZE) $(NOTEBOOKS)
@@ -96,6 +99,7 @@ $(PASSED)/nbval: $(STAMP) $(PACKAGE) $(NOTEBOOKS) $(SANITIZE) book/conftest.py
 # From scratch, so that every page's warnings are reported (an incremental build
 # stays quiet about unchanged pages) and no page removed from _toc.yml lingers.
 html-strict: $(PASSED)/html-strict
+	@echo "html-strict: passed (re-runs when one of its inputs changes)"
 $(PASSED)/html-strict: $(STAMP) $(PACKAGE) $(BOOK_SOURCES)
 	rm -rf $(HTML) _build/.doctrees
 	$(JB_BUILD) --all --warningiserror --nitpick --keep-going
@@ -103,6 +107,7 @@ $(PASSED)/html-strict: $(STAMP) $(PACKAGE) $(BOOK_SOURCES)
 
 # Brings the site up to date first (incremental: quick after html-strict).
 browser: $(PASSED)/browser
+	@echo "browser: passed (re-runs when one of its inputs changes)"
 $(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
 	$(JB_BUILD) --quiet
 	$(PY) -m pytest -p no:cacheprovider tests/browser --browser
