@@ -179,3 +179,12 @@ def test_keras_errors():
         interop.from_keras(layer)
     with pytest.raises(TypeError, match=r"layer must be a keras\.layers\.MultiHeadAttention, got Linear"):
         interop.from_keras(nn.Linear(2, 2))
+
+
+def test_keras_output_shape_is_named():
+    import keras
+
+    layer = keras.layers.MultiHeadAttention(num_heads=H, key_dim=4, output_shape=9)
+    layer(torch.randn(1, T, E), torch.randn(1, S, E))
+    with pytest.raises(ValueError, match=r"output_shape=\(9,\), so its output is not the query's width"):
+        interop.from_keras(layer)

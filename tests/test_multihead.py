@@ -203,3 +203,14 @@ def test_a_sequence_with_no_allowed_key_gives_finite_outputs_and_gradients(modul
     assert all(torch.isfinite(t.grad).all() for t in (x, k, v))
     if need_weights:
         assert torch.equal(result[1][0], torch.zeros(H, T, S, dtype=torch.float64))
+
+
+def test_sizes_accept_numpy_integers_and_flags_must_be_bools():
+    import numpy as np
+
+    module = qkv.MultiHeadAttention(np.int64(E), np.int64(H))
+    assert (module.embed_dim, module.num_heads) == (E, H) and type(module.embed_dim) is int
+    with pytest.raises(TypeError, match="need_weights must be True or False, got str"):
+        module(torch.randn(B, T, E), need_weights="yes")
+    with pytest.raises(TypeError, match="bias must be True or False, got int"):
+        qkv.MultiHeadAttention(E, H, bias=1)

@@ -7,6 +7,7 @@ deep inside a matrix product.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -19,11 +20,22 @@ def shape_str(shape: Sequence[int]) -> str:
 
 
 def require_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive int, else raise."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """Return ``value`` as an int if it is a positive integer (NumPy's too), else raise."""
+    if isinstance(value, bool) or isinstance(value, float):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
+    try:
+        number = operator.index(value)  # int, numpy.int64, 0-d integer tensors
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if number <= 0:
+        raise ValueError(f"{name} must be positive, got {number}")
+    return number
+
+
+def require_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool, else raise (``"yes"`` is not a flag)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
     return value
 
 

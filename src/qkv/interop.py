@@ -281,8 +281,13 @@ def from_keras(layer: Any) -> HeadWeights:
         return torch.as_tensor(keras.ops.convert_to_numpy(variable)).float()
 
     w_o = tensor(layer.output_dense.kernel)  # (h, d_v, d_out)
-    if w_o.dim() != 3:
-        raise ValueError(f"layer has output_shape {layer._output_shape}; only the default is supported")
+    d_model = layer.query_dense.kernel.shape[0]
+    if w_o.dim() != 3 or w_o.shape[-1] != d_model:
+        raise ValueError(
+            f"layer has output_shape={layer._output_shape}, so its output is not the query's "
+            f"width ({d_model}); the paper's W^O maps back to d_model: build the layer "
+            "without output_shape"
+        )
     h, d_v, d_out = w_o.shape
     bias = layer.use_bias
     return HeadWeights(

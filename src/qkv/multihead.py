@@ -24,7 +24,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - torch itself depends on typing_extensions
     from typing_extensions import Self
 
-from qkv._validation import require_multi_head_inputs, require_positive_int, resolve_head_sizes
+from qkv._validation import (
+    require_bool,
+    require_multi_head_inputs,
+    require_positive_int,
+    resolve_head_sizes,
+)
 from qkv.attention import explicit_attention, fused_attention_unchecked
 from qkv.heads import HeadWeights, merge_heads_unchecked, split_heads_unchecked
 
@@ -49,9 +54,7 @@ class _MultiHeadBase(nn.Module):
         super().__init__()
         sizes = resolve_head_sizes(embed_dim, num_heads, kdim, vdim, d_k, d_v)
         self.embed_dim, self.num_heads, self.kdim, self.vdim, self.d_k, self.d_v = sizes
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
-        self.bias = bias
+        self.bias = require_bool("bias", bias)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
         if not 0.0 <= dropout < 1.0:
@@ -266,6 +269,7 @@ class MultiHeadAttention(_MultiHeadBase):
         key = query if key is None else key
         value = key if value is None else value
         query, key, value, mask = self._check_forward(query, key, value, mask)
+        require_bool("need_weights", need_weights)
         h = self.num_heads
         q = split_heads_unchecked(self.q_proj(query), h)  # (B, h, T, d_k)
         k = split_heads_unchecked(self.k_proj(key), h)  # (B, h, S, d_k)
@@ -465,6 +469,7 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
         key = query if key is None else key
         value = key if value is None else value
         query, key, value, mask = self._check_forward(query, key, value, mask)
+        require_bool("need_weights", need_weights)
         if mask is not None:
             batch, length, source = query.shape[0], query.shape[1], key.shape[1]
             mask = mask.expand(batch, self.num_heads, length, source)  # (B, h, T, S)

@@ -26,6 +26,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plot_attention", "plot_heads"]
 
 
+def _pyplot() -> Any:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError("qkv's figures need matplotlib: pip install 'qkv[plot]'") from error
+    return plt
+
+
 def _as_array(weights: Any, ndim: int, layout: str) -> np.ndarray:
     if isinstance(weights, torch.Tensor):
         weights = weights.detach().float().cpu().numpy()
@@ -101,7 +109,7 @@ def plot_attention(
     >>> import torch, qkv
     >>> ax = qkv.plot_attention(torch.softmax(torch.randn(4, 6), -1), title="random")
     """
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     array = _as_array(weights, 2, "(T, S)")
     if ax is None:
@@ -158,7 +166,7 @@ def plot_heads(
     >>> _, weights = mha(torch.randn(1, 5, 12), need_weights=True)
     >>> figure = qkv.plot_heads(weights[0], title="three heads, three patterns")
     """
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     array = _as_array(weights, 3, "(h, T, S)")
     heads = array.shape[0]
