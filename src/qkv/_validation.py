@@ -102,7 +102,9 @@ def require_size(name: str, x: Tensor, dim: int, expected: int, what: str, again
         )
 
 
-def require_mask(mask: object, target: Sequence[int], layout: str) -> Tensor:
+def require_mask(
+    mask: object, target: Sequence[int], layout: str, device: torch.device | None = None
+) -> Tensor:
     """Check a boolean attention mask (True = may attend) against the scores' shape.
 
     Parameters
@@ -113,6 +115,8 @@ def require_mask(mask: object, target: Sequence[int], layout: str) -> Tensor:
         The shape of the attention scores the mask must broadcast to.
     layout : str
         The names of the target's axes, e.g. ``"(B, h, T, S)"``.
+    device : torch.device, optional
+        The device of the query the mask goes with.
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
@@ -134,6 +138,8 @@ def require_mask(mask: object, target: Sequence[int], layout: str) -> Tensor:
             f"scores' shape {layout} = {shape_str(target)}; a padding mask over keys has "
             "shape (B, 1, 1, S) (see qkv.padding_mask), a causal mask (T, S)"
         )
+    if device is not None and mask.device != device:
+        raise ValueError(f"mask is on {mask.device}, but query is on {device}")
     return mask
 
 
@@ -176,9 +182,7 @@ def require_multi_head_inputs(
                 "mask per sequence (B, T, S) pass mask[:, None] (B, 1, T, S); for one per head "
                 "(h, T, S) pass mask[None] (1, h, T, S)"
             )
-        m = require_mask(mask, target, "(B, h, T, S)")
-        if m.device != q.device:
-            raise ValueError(f"mask is on {m.device}, but query is on {q.device}")
+        m = require_mask(mask, target, "(B, h, T, S)", q.device)
     return q, k, v, m
 
 

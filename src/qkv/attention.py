@@ -59,9 +59,7 @@ def check_attention_args(
     m = None
     if mask is not None:
         target = (*lead, q.shape[-2], k.shape[-2])
-        m = require_mask(mask, target, "(..., T, S)")
-        if m.device != q.device:
-            raise ValueError(f"mask is on {m.device}, but query is on {q.device}")
+        m = require_mask(mask, target, "(..., T, S)", q.device)
     return q, k, v, m
 
 
