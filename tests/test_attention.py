@@ -173,3 +173,12 @@ def test_bad_masks_get_a_clear_error():
         qkv.attention(q, k, v, torch.ones(2, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="does not broadcast"):
         qkv.attention(q, k, v, torch.ones(1, 1, 1, 2, 3, 4, 6, dtype=torch.bool))
+
+
+def test_a_mask_on_another_device_is_named():
+    q, k, v = qkv_tensors(dtype=torch.float32)
+    elsewhere = torch.ones(4, 6, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match="mask is on meta, but query is on cpu"):
+        qkv.attention(q, k, v, elsewhere)
+    with pytest.raises(ValueError, match="mask is on meta, but query is on cpu"):
+        qkv.MultiHeadAttention(5, 1)(q[:, 0], mask=elsewhere[:, :4])
