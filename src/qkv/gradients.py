@@ -37,7 +37,12 @@ from qkv._validation import (
 )
 from qkv.attention import check_attention_args as _check_attention
 from qkv.attention import explicit_attention
-from qkv.heads import HeadWeights, check_multi_head_args, merge_heads_unchecked, split_heads_unchecked
+from qkv.heads import (
+    HeadWeights,
+    check_multi_head_args,
+    multi_head_forward_unchecked,
+    split_heads_unchecked,
+)
 
 __all__ = [
     "ManualAttention",
@@ -173,39 +178,18 @@ def attention_backward(
     return _attention_backward(q, k, v, grad, m, scale)
 
 
-def _project(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """Per-head projection ``x W_i + b_i``: (B, L, m), (h, m, d) -> (B, h, L, d)."""
-    out = torch.einsum("blm,hmd->bhld", x, w)  # (B, h, L, d)
-    return out if b is None else out + b[None, :, None, :]  # (B, h, L, d)
-
-
 def _project_backward(x: Tensor, w: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Backward of :func:`_project`: gradients for x, w and b from grad (B, h, L, d)."""
+    """Backward of :func:`qkv.heads.project_heads`: gradients for x, w and b from grad (B, h, L, d)."""
     grad_x = torch.einsum("bhld,hmd->blm", grad, w)  # (B, L, m): dX = Σ_i dQ_i W_iᵀ
     grad_w = torch.einsum("blm,bhld->hmd", x, grad)  # (h, m, d): dW_i = Xᵀ dQ_i
     grad_b = grad.sum(dim=(0, 2))  # (h, d)
     return grad_x, grad_w, grad_b
 
 
-def _multi_head_forward(
-    q: Tensor, k: Tensor, v: Tensor, w: HeadWeights, mask: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The paper's forward pass, keeping what the backward pass needs."""
-    q_heads = _project(q, w.w_q, w.b_q)  # (B, h, T, d_k)
-    k_heads = _project(k, w.w_k, w.b_k)  # (B, h, S, d_k)
-    v_heads = _project(v, w.w_v, w.b_v)  # (B, h, S, d_v)
-    heads, _ = explicit_attention(q_heads, k_heads, v_heads, mask)  # (B, h, T, d_v)
-    concat = merge_heads_unchecked(heads)  # (B, T, h·d_v)
-    output = concat @ w.w_o  # (B, T, d_model)
-    if w.b_o is not None:
-        output = output + w.b_o  # (B, T, d_model)
-    return output, q_heads, k_heads, v_heads, concat
-
-
 def _multi_head_backward(
     q: Tensor, k: Tensor, v: Tensor, w: HeadWeights, grad: Tensor, mask: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, HeadWeights]:
-    _, q_heads, k_heads, v_heads, concat = _multi_head_forward(q, k, v, w, mask)
+    _, _, q_heads, k_heads, v_heads, concat = multi_head_forward_unchecked(q, k, v, w, mask)
     grad_w_o = torch.einsum("btf,btm->fm", concat, grad)  # (h·d_v, d_model): concatᵀ dO
     grad_concat = grad @ w.w_o.T  # (B, T, h·d_v)
     grad_heads = split_heads_unchecked(grad_concat, w.num_heads)  # (B, h, T, d_v)
@@ -375,8 +359,7 @@ class ManualMultiHeadAttention(torch.autograd.Function):
         ctx.save_for_backward(query, key, value, *(t for t in weights if t is not None))
         ctx.mask, ctx.bias = mask, weights[4] is not None
         w = HeadWeights(*weights)
-        output, *_ = _multi_head_forward(query, key, value, w, mask)  # (B, T, d_model)
-        return output
+        return multi_head_forward_unchecked(query, key, value, w, mask).output  # (B, T, d_model)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]

@@ -16,6 +16,7 @@ The chapter "One big W^Q or one per head?" (book/heads.ipynb).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -361,16 +362,37 @@ def multi_head_attention(
     (torch.Size([2, 4, 12]), torch.Size([2, 3, 4, 6]))
     """
     q, k, v, mask = check_multi_head_args(query, key, value, weights, mask)
-    w = weights
-    q_heads = torch.einsum("btm,hmd->bhtd", q, w.w_q)  # (B, h, T, d_k)
-    k_heads = torch.einsum("bsm,hmd->bhsd", k, w.w_k)  # (B, h, S, d_k)
-    v_heads = torch.einsum("bsm,hmd->bhsd", v, w.w_v)  # (B, h, S, d_v)
-    if w.bias:
-        q_heads = q_heads + w.b_q[None, :, None, :]  # (B, h, T, d_k)
-        k_heads = k_heads + w.b_k[None, :, None, :]  # (B, h, S, d_k)
-        v_heads = v_heads + w.b_v[None, :, None, :]  # (B, h, S, d_v)
-    heads, attention_weights = explicit_attention(q_heads, k_heads, v_heads, mask)  # (B, h, T, d_v)
-    output = merge_heads_unchecked(heads) @ w.w_o  # (B, T, d_model)
-    if w.bias:
+    parts = multi_head_forward_unchecked(q, k, v, weights, mask)
+    return parts.output, parts.weights
+
+
+def project_heads(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """Every head's projection ``x W_i + b_i`` at once: (B, L, m), (h, m, d) -> (B, h, L, d)."""
+    out = torch.einsum("blm,hmd->bhld", x, w)  # (B, h, L, d)
+    return out if b is None else out + b[None, :, None, :]  # (B, h, L, d)
+
+
+class MultiHeadParts(NamedTuple):
+    """The paper's forward pass, step by step (what the backward pass reuses)."""
+
+    output: Tensor  # (B, T, d_model)
+    weights: Tensor  # (B, h, T, S)
+    q_heads: Tensor  # (B, h, T, d_k): Q_i = query W_i^Q + b_i^Q
+    k_heads: Tensor  # (B, h, S, d_k)
+    v_heads: Tensor  # (B, h, S, d_v)
+    concat: Tensor  # (B, T, h·d_v): Concat(head_1, ..., head_h)
+
+
+def multi_head_forward_unchecked(
+    query: Tensor, key: Tensor, value: Tensor, w: HeadWeights, mask: Tensor | None
+) -> MultiHeadParts:
+    """:func:`multi_head_attention` without argument checks, keeping every step."""
+    q_heads = project_heads(query, w.w_q, w.b_q)  # (B, h, T, d_k)
+    k_heads = project_heads(key, w.w_k, w.b_k)  # (B, h, S, d_k)
+    v_heads = project_heads(value, w.w_v, w.b_v)  # (B, h, S, d_v)
+    heads, weights = explicit_attention(q_heads, k_heads, v_heads, mask)  # (B, h, T, d_v)
+    concat = merge_heads_unchecked(heads)  # (B, T, h·d_v)
+    output = concat @ w.w_o  # (B, T, d_model)
+    if w.b_o is not None:
         output = output + w.b_o  # (B, T, d_model)
-    return output, attention_weights
+    return MultiHeadParts(output, weights, q_heads, k_heads, v_heads, concat)
