@@ -37,7 +37,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make book         build the HTML book into $(HTML) (creates $(VENV) when missing)"
 	@echo "make test         every check: $(STAGES) (unchanged stages are skipped; FORCE=1 runs all)"
-	@echo "make lint         ruff on the package, tests, scripts and notebooks"
+	@echo "make lint         ruff on the package, tests, scripts and notebooks; mypy --strict on the package"
 	@echo "make unit         pytest on tests/ (without the browser check)"
 	@echo "make nbval        re-run every book/*.ipynb and compare with its stored outputs"
 	@echo "make html-strict  build the book from scratch with warnings as errors"
@@ -80,6 +80,7 @@ lint: $(PASSED)/lint
 	@echo "lint: passed (re-runs when one of its inputs changes)"
 $(PASSED)/lint: $(STAMP) $(PACKAGE) $(TESTS) $(NOTEBOOKS) $(wildcard scripts/*.py benchmarks/*.py book/*.py)
 	$(BIN)/ruff check .
+	$(BIN)/mypy --strict src/qkv tests/typing
 	$(call passed,lint)
 
 # The tests, and the examples in the package's docstrings (the API page shows them).

@@ -165,14 +165,29 @@ def test_bad_input_gets_a_clear_error(args, error, message):
         qkv.fused_attention(*args(q, k, v))
 
 
-def test_bad_masks_get_a_clear_error():
+@pytest.mark.parametrize("attend", [qkv.attention, qkv.fused_attention])
+def test_bad_masks_get_a_clear_error(attend):
     q, k, v = qkv_tensors(dtype=torch.float32)
-    with pytest.raises(TypeError, match="mask must be boolean"):
-        qkv.attention(q, k, v, torch.ones(4, 6))
+    with pytest.raises(TypeError, match=r"mask must be boolean .* or floating .* got dtype torch.int64"):
+        attend(q, k, v, torch.ones(4, 6, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"mask has dtype torch\.float64, but query has dtype torch\.float32"):
+        attend(q, k, v, torch.zeros(4, 6, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"mask of shape \(2, 6\) does not broadcast .* \(2, 3, 4, 6\)"):
-        qkv.attention(q, k, v, torch.ones(2, 6, dtype=torch.bool))
+        attend(q, k, v, torch.ones(2, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="does not broadcast"):
-        qkv.attention(q, k, v, torch.ones(1, 1, 1, 2, 3, 4, 6, dtype=torch.bool))
+        attend(q, k, v, torch.ones(1, 1, 1, 2, 3, 4, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("attend", [qkv.attention, qkv.fused_attention])
+@pytest.mark.parametrize("shape", [(6,), ()])
+def test_a_mask_of_fewer_than_two_dimensions_is_refused_by_both_paths(attend, shape):
+    # Before, the explicit path broadcast a 1-D mask while the fused one crashed inside torch.
+    q, k, v = qkv_tensors(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"mask must have at least 2 dimensions \(\.\.\., T, S\)"):
+        attend(q, k, v, torch.ones(shape, dtype=torch.bool))
+    module = qkv.MultiHeadAttention(5, 1)
+    with pytest.raises(ValueError, match="mask must have at least 2 dimensions"):
+        module(q[:, 0], mask=torch.ones(shape, dtype=torch.bool))
 
 
 def test_a_mask_on_another_device_is_named():
@@ -182,3 +197,149 @@ def test_a_mask_on_another_device_is_named():
         qkv.attention(q, k, v, elsewhere)
     with pytest.raises(ValueError, match="mask is on meta, but query is on cpu"):
         qkv.MultiHeadAttention(5, 1)(q[:, 0], mask=elsewhere[:, :4])
+
+
+# --- Additive masks, is_causal, dropout: the same meaning as F.scaled_dot_product_attention ---
+
+
+def float_mask(T=4, S=6, seed=1, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.randn(T, S, generator=g, dtype=dtype)  # (T, S): a learned bias, say
+    mask[0, 2] = mask[3, 0] = float("-inf")  # and a few blocked pairs
+    return mask
+
+
+@pytest.mark.parametrize("attend", ["explicit", "fused"])
+def test_a_floating_mask_is_added_to_the_scores_as_in_sdpa_and_gets_its_gradient(attend):
+    q, k, v = (t.requires_grad_() for t in qkv_tensors())
+    mask = float_mask().requires_grad_()
+    if attend == "explicit":
+        output, weights = qkv.attention(q, k, v, mask)
+        assert torch.equal(weights[..., 0, 2], torch.zeros(2, 3, dtype=torch.float64))
+    else:
+        output = qkv.fused_attention(q, k, v, mask)
+    upstream = torch.randn_like(output)
+    ours = torch.autograd.grad(output, (q, k, v, mask), upstream)
+    expected_output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    expected = torch.autograd.grad(expected_output, (q, k, v, mask), upstream)
+    torch.testing.assert_close(output, expected_output)
+    for a, b in zip(ours, expected, strict=True):
+        torch.testing.assert_close(a, b)
+    assert mask.grad is None and ours[3].abs().sum() > 0  # ALiBi-style biases can be learned
+
+
+@pytest.mark.parametrize("kind", ["boolean", "floating"])
+def test_a_row_with_no_allowed_key_is_zero_with_finite_gradients_on_both_paths(kind):
+    q, k, v = (t.requires_grad_() for t in qkv_tensors())
+    allowed = torch.ones(4, 6, dtype=torch.bool)
+    allowed[1] = False  # query 1 may attend to nothing
+    mask = allowed if kind == "boolean" else qkv.additive_mask(allowed, torch.float64)
+    explicit, weights = qkv.attention(q, k, v, mask)
+    fused = qkv.fused_attention(q, k, v, mask)
+    for output in (explicit, fused):
+        assert torch.equal(output[:, :, 1], torch.zeros(2, 3, 7, dtype=torch.float64))
+    assert torch.equal(weights[:, :, 1], torch.zeros(2, 3, 6, dtype=torch.float64))
+    grads = [torch.autograd.grad(out.sum(), (q, k, v)) for out in (explicit, fused)]
+    for a, b in zip(*grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+def naive_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """F.scaled_dot_product_attention as torch before 2.5 computed it: NaN for a row with no key."""
+    assert dropout_p == 0.0 and not is_causal
+    scores = query @ key.transpose(-2, -1) * (scale or query.shape[-1] ** -0.5)
+    if attn_mask is not None:
+        scores = scores + (
+            qkv.additive_mask(attn_mask, scores.dtype) if attn_mask.dtype == torch.bool else attn_mask
+        )
+    return torch.softmax(scores, dim=-1) @ value
+
+
+@pytest.mark.parametrize("kind", ["boolean", "floating"])
+def test_the_fused_path_guards_empty_rows_where_sdpa_gives_nan(monkeypatch, kind):
+    """On torch < 2.5 (and devices other than CPU and CUDA) SDPA returns NaN for a query with no
+    allowed key; zeroing the output afterwards leaves the NaN in the backward pass. qkv lets such
+    rows attend everywhere inside the kernel, then zeroes them: finite, correct gradients."""
+    import importlib
+
+    module = importlib.import_module("qkv.attention")  # the module, not the function qkv.attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", naive_sdpa)
+    q, k, v = (t.requires_grad_() for t in qkv_tensors())
+    allowed = torch.ones(4, 6, dtype=torch.bool)
+    allowed[2] = False
+    mask = allowed if kind == "boolean" else qkv.additive_mask(allowed, torch.float64)
+    explicit = qkv.attention(q, k, v, mask)[0]
+    expected = torch.autograd.grad(explicit.sum(), (q, k, v))
+
+    monkeypatch.setattr(module, "SDPA_ZEROES_EMPTY_ROWS", True)  # trust the kernel: NaN
+    unguarded = qkv.fused_attention(q, k, v, mask)
+    assert unguarded[:, :, 2].isnan().all() and unguarded[:, :, [0, 1, 3]].isfinite().all()
+    # Zeroing the output afterwards, as qkv once did, mends the forward pass but not the backward.
+    zeroed_after = unguarded.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+    assert zeroed_after.isfinite().all()
+    assert torch.autograd.grad(zeroed_after.sum(), q)[0].isnan().any()
+
+    monkeypatch.setattr(module, "SDPA_ZEROES_EMPTY_ROWS", False)  # as on torch < 2.5
+    guarded = qkv.fused_attention(q, k, v, mask)
+    torch.testing.assert_close(guarded, explicit)
+    for a, b in zip(torch.autograd.grad(guarded.sum(), (q, k, v)), expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("T, S", [(4, 4), (3, 7), (1, 5)])
+def test_is_causal_is_the_bottom_right_causal_mask_on_both_paths(T, S):
+    q, k, v = qkv_tensors(T=T, S=S)
+    expected_output, expected_weights = qkv.attention(q, k, v, qkv.causal_mask(T, S))
+    output, weights = qkv.attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(output, expected_output)
+    torch.testing.assert_close(weights, expected_weights)
+    torch.testing.assert_close(qkv.fused_attention(q, k, v, is_causal=True), expected_output)
+    torch_causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # aligned top left
+    if T == S:
+        torch.testing.assert_close(torch_causal, expected_output)
+    else:  # qkv's last query sees every key; torch's sees only the first T
+        assert not torch.allclose(torch_causal[..., -1, :], expected_output[..., -1, :])
+        torch.testing.assert_close(
+            torch_causal[..., -1, :], qkv.attention(q, k[..., :T, :], v[..., :T, :])[0][..., -1, :]
+        )
+
+
+def test_is_causal_combines_with_a_mask():
+    q, k, v = qkv_tensors(T=4, S=6)
+    padding = qkv.padding_mask([5, 3], 6)[:, :, 0]  # (B, 1, S) -> broadcast (B, 1, 1, S) below
+    mask = padding[:, None]  # (B, 1, 1, S)
+    combined = mask & qkv.causal_mask(4, 6)
+    for path in (
+        lambda **kw: qkv.attention(q, k, v, **kw)[0],
+        lambda **kw: qkv.fused_attention(q, k, v, **kw),
+    ):
+        torch.testing.assert_close(path(mask=mask, is_causal=True), path(mask=combined))
+        additive = qkv.additive_mask(mask, torch.float64)
+        torch.testing.assert_close(path(mask=additive, is_causal=True), path(mask=combined))
+
+
+def test_dropout_p_drops_weights_after_the_softmax():
+    q, k, v = qkv_tensors()
+    torch.manual_seed(3)
+    output, weights = qkv.attention(q, k, v, dropout_p=0.4)
+    torch.manual_seed(3)
+    torch.testing.assert_close(output, F.dropout(weights, p=0.4) @ v)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 4, dtype=torch.float64))  # before dropout
+    assert not torch.allclose(qkv.fused_attention(q, k, v, dropout_p=0.4), qkv.attention(q, k, v)[0])
+    torch.testing.assert_close(qkv.fused_attention(q, k, v, dropout_p=0.0), qkv.attention(q, k, v)[0])
+
+
+@pytest.mark.parametrize("attend", [qkv.attention, qkv.fused_attention])
+def test_bad_new_arguments_are_named(attend):
+    q, k, v = qkv_tensors()
+    with pytest.raises(TypeError, match="is_causal must be True or False, got int"):
+        attend(q, k, v, is_causal=1)
+    with pytest.raises(
+        ValueError, match=r"is_causal=True needs at least as many keys as queries, got T=4 .* S=3"
+    ):
+        attend(q, k[..., :3, :], v[..., :3, :], is_causal=True)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.0"):
+        attend(q, k, v, dropout_p=1.0)
+    with pytest.raises(TypeError, match="dropout_p must be a float, got str"):
+        attend(q, k, v, dropout_p="0.1")

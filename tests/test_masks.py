@@ -73,8 +73,8 @@ def test_from_torch_mask_converts_the_multiheadattention_convention():
     blocked = ~qkv.causal_mask(5)  # torch: True = blocked
     expected, _ = mha(x, x, x, attn_mask=blocked)
     ours = qkv.MultiHeadAttention.from_heads(qkv.interop.from_torch(mha))
-    torch.testing.assert_close(ours(x, mask=qkv.from_torch_mask(blocked)), expected)
-    with pytest.raises(TypeError, match="mask must be boolean"):
+    torch.testing.assert_close(ours(x, mask=qkv.from_torch_mask(blocked))[0], expected)
+    with pytest.raises(TypeError, match=r"blocked must be boolean, got dtype torch\.float32"):
         qkv.from_torch_mask(torch.zeros(3))
 
 

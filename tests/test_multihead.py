@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -39,7 +41,8 @@ def test_fused_and_per_head_agree_outputs_weights_and_gradients(dtype, mask):
     for module in (fused, per_head):
         x, k, v = (t.requires_grad_() for t in inputs(dtype))
         output, weights = module(x, k, v, mask=mask, need_weights=True)
-        fast = module(x, k, v, mask=mask)
+        fast, no_weights = module(x, k, v, mask=mask)
+        assert no_weights is None
         torch.testing.assert_close(fast, output, **tol)  # both paths, one meaning
         (output.square().sum() + fast.sum()).backward()
         results.append((output, weights, x.grad, k.grad, v.grad))
@@ -112,9 +115,9 @@ def test_dropout_only_in_training_and_weights_still_sum_to_one():
     module = qkv.MultiHeadAttention(E, H, dropout=0.5)
     x = torch.randn(B, T, E)
     module.eval()
-    torch.testing.assert_close(module(x), module(x))
+    torch.testing.assert_close(module(x)[0], module(x)[0])
     module.train()
-    assert not torch.allclose(module(x), module(x))
+    assert not torch.allclose(module(x)[0], module(x)[0])
     _, weights = module(x, need_weights=True)
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, T))
 
@@ -149,14 +152,16 @@ def test_forward_errors_name_the_argument_and_the_shapes(module_class):
         ((x, k, v[:, :5]), ValueError, r"value has 5 positions, but the key's length S is 6"),
         ((x, k[:1], v[:1]), ValueError, r"key has 1 sequences in the batch, but the query's batch size is 2"),
         ((x[0], k, v), ValueError, r"query must have 3 dimensions \(B, T, embed_dim\), got shape \(4, 12\)"),
-        ((x.double(), k, v), TypeError, r"query has dtype torch.float64, but the module's parameters are"),
+        ((x.double(), k, v), TypeError, r"query has dtype torch.float64, but the module's parameter "),
         ((x.long(), k, v), TypeError, r"query must be a floating-point tensor"),
     ]
     for args, error, message in cases:
         with pytest.raises(error, match=message):
             module(*args)
-    with pytest.raises(TypeError, match="mask must be boolean"):
-        module(x, k, v, mask=torch.ones(T, S))
+    with pytest.raises(TypeError, match=r"mask must be boolean .* or floating"):
+        module(x, k, v, mask=torch.ones(T, S, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"mask has dtype torch\.float64, but query has dtype torch\.float32"):
+        module(x, k, v, mask=torch.zeros(T, S, dtype=torch.float64))
     with pytest.raises(
         ValueError, match=r"mask of shape \(2, 6\) does not broadcast .* \(B, h, T, S\) = \(2, 3, 4, 6\)"
     ):
@@ -195,14 +200,13 @@ def test_a_sequence_with_no_allowed_key_gives_finite_outputs_and_gradients(modul
     module = module_class(E, H, kdim=KDIM, vdim=VDIM).double()
     x, k, v = (t.requires_grad_() for t in inputs())
     mask = qkv.padding_mask([0, 3], S)  # sequence 0 may attend to nothing
-    result = module(x, k, v, mask=mask, need_weights=need_weights)
-    output = result[0] if need_weights else result
+    output, weights = module(x, k, v, mask=mask, need_weights=need_weights)
     # No allowed key: every head's output is zero, so the layer returns out_proj's bias.
     torch.testing.assert_close(output[0], module.out_proj.bias.expand(T, E))
     output.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (x, k, v))
     if need_weights:
-        assert torch.equal(result[1][0], torch.zeros(H, T, S, dtype=torch.float64))
+        assert torch.equal(weights[0], torch.zeros(H, T, S, dtype=torch.float64))
 
 
 def test_sizes_accept_numpy_integers_and_flags_must_be_bools():
@@ -214,3 +218,305 @@ def test_sizes_accept_numpy_integers_and_flags_must_be_bools():
         module(torch.randn(B, T, E), need_weights="yes")
     with pytest.raises(TypeError, match="bias must be True or False, got int"):
         qkv.MultiHeadAttention(E, H, bias=1)
+
+
+# --- A drop-in for torch.nn.MultiheadAttention: same weights, torch's arguments, torch's answers ---
+
+
+def torch_pair(batch_first=True, dtype=torch.float64, **sizes):
+    """torch's module and qkv's, holding the same weights (3 heads, kdim != vdim != embed_dim)."""
+    torch.manual_seed(0)
+    sizes = {"kdim": KDIM, "vdim": VDIM, **sizes}
+    reference = nn.MultiheadAttention(E, H, batch_first=batch_first, **sizes)
+    reference = reference.to(dtype).eval()
+    ours = qkv.MultiHeadAttention.from_heads(qkv.interop.from_torch(reference), batch_first=batch_first)
+    return reference, ours.eval()
+
+
+def key_padding(dtype=torch.float64):
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[0, 4:] = True  # the first sequence has 4 real keys, the second 6
+    additive = torch.zeros(B, S, dtype=dtype).masked_fill(pad, float("-inf"))
+    return pad, additive
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("padding", ["none", "bool", "float"])
+@pytest.mark.parametrize("attn", ["none", "bool", "float"])
+@pytest.mark.parametrize("average", [True, False])
+def test_agrees_with_torch_multiheadattention_on_torchs_arguments(batch_first, padding, attn, average):
+    reference, ours = torch_pair(batch_first)
+    x, k, v = inputs()
+    if not batch_first:  # torch's default layout: (T, B, E)
+        x, k, v = x.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    pad = {"none": None, "bool": key_padding()[0], "float": key_padding()[1]}[padding]
+    g = torch.Generator().manual_seed(2)
+    blocked = torch.rand(T, S, generator=g) < 0.3  # torch: True = blocked
+    bias = torch.randn(T, S, generator=g, dtype=torch.float64)
+    torch_attn = {"none": None, "bool": blocked, "float": bias}[attn]
+    qkv_mask = {"none": None, "bool": qkv.from_torch_mask(blocked), "float": bias}[attn]
+    with warnings.catch_warnings():  # torch deprecates a boolean mask beside a float one; qkv takes both
+        warnings.simplefilter("ignore", UserWarning)
+        expected, expected_weights = reference(
+            x, k, v, key_padding_mask=pad, attn_mask=torch_attn, average_attn_weights=average
+        )
+    output, weights = ours(
+        x, k, v, mask=qkv_mask, key_padding_mask=pad, need_weights=True, average_attn_weights=average
+    )
+    fast, no_weights = ours(x, k, v, mask=qkv_mask, key_padding_mask=pad)
+    torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(fast, expected)
+    torch.testing.assert_close(weights, expected_weights)
+    assert no_weights is None and weights.shape == ((B, T, S) if average else (B, H, T, S))
+
+
+def test_is_causal_agrees_with_torch_when_T_equals_S():
+    reference, ours = torch_pair(kdim=E, vdim=E)
+    x = inputs()[0]  # self-attention: T == S
+    blocked = ~qkv.causal_mask(T)  # torch's is_causal is only a hint: it wants the mask too
+    expected, _ = reference(x, x, x, attn_mask=blocked, is_causal=True, need_weights=False)
+    for need_weights in (True, False):
+        output, _ = ours(x, is_causal=True, need_weights=need_weights)
+        torch.testing.assert_close(output, expected)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_is_causal_is_the_bottom_right_causal_mask(module_class, need_weights):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM).double()
+    x, k, v = inputs()  # T = 4 queries, the last 4 of S = 6 positions
+    expected = module(x, k, v, mask=qkv.causal_mask(T, S), need_weights=need_weights)
+    got = module(x, k, v, is_causal=True, need_weights=need_weights)
+    torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match=r"is_causal=True needs at least as many keys as queries, got T=6"):
+        module(k.new_zeros(B, S, E), k[:, :T], v[:, :T], is_causal=True)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_the_torch_idiom_out_comma_underscore_cannot_unpack_the_batch(module_class):
+    # Before, without need_weights the module returned a bare tensor: with B == 2,
+    # `out, _ = mha(x)` quietly split the batch into its two sequences.
+    module = module_class(E, H)
+    x = torch.randn(2, T, E)
+    out, weights = module(x)
+    assert out.shape == (2, T, E) and weights is None
+    out, weights = module(x, need_weights=True)
+    assert out.shape == (2, T, E) and weights.shape == (2, H, T, T)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_arguments_after_value_are_keyword_only(module_class):
+    # torch's fourth positional argument is key_padding_mask (True = padding); qkv's mask
+    # means the opposite, so neither may be passed by position.
+    module = module_class(E, H)
+    x = torch.randn(B, T, E)
+    with pytest.raises(TypeError, match="positional argument"):
+        module(x, x, x, torch.zeros(B, T, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_sequence_first_layout_is_the_batch_first_one_transposed(module_class):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM).double()
+    seq_first = module_class.from_heads(module.to_heads(), batch_first=False)
+    x, k, v = inputs()
+    expected, expected_weights = module(x, k, v, need_weights=True)
+    output, weights = seq_first(x.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), need_weights=True)
+    torch.testing.assert_close(output, expected.transpose(0, 1))  # (T, B, E)
+    torch.testing.assert_close(weights, expected_weights)  # weights stay batch first, as in torch
+    assert "batch_first=False" in repr(seq_first)
+    with pytest.raises(
+        ValueError, match=r"query has 12 features|query must have 3 dimensions \(T, B, embed_dim\)"
+    ):
+        seq_first(x[0])
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_key_padding_mask_is_torchs_convention_and_combines_with_mask(module_class):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM).double()
+    x, k, v = inputs()
+    pad, additive = key_padding()
+    allowed = ~pad[:, None, None, :] & qkv.causal_mask(T, S)  # (B, 1, T, S)
+    expected = module(x, k, v, mask=allowed, need_weights=True)
+    torch.testing.assert_close(
+        module(x, k, v, mask=qkv.causal_mask(T, S), key_padding_mask=pad, need_weights=True), expected
+    )
+    torch.testing.assert_close(
+        module(x, k, v, key_padding_mask=additive, is_causal=True, need_weights=True), expected
+    )
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_bad_key_padding_masks_are_named(module_class):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = inputs(torch.float32)
+    cases = [
+        (
+            torch.zeros(B, S + 1, dtype=torch.bool),
+            ValueError,
+            r"key_padding_mask must have shape \(B, S\) = \(2, 6\), got \(2, 7\)",
+        ),
+        (
+            torch.zeros(S, B, dtype=torch.bool),
+            ValueError,
+            r"key_padding_mask must have shape \(B, S\) = \(2, 6\), got \(6, 2\)",
+        ),
+        (
+            torch.zeros(B, S, dtype=torch.long),
+            TypeError,
+            r"key_padding_mask must be boolean \(True = padding",
+        ),
+        (
+            torch.zeros(B, S, dtype=torch.float64),
+            TypeError,
+            r"key_padding_mask has dtype torch\.float64, but query",
+        ),
+        (
+            [[False] * S] * B,
+            TypeError,
+            r"key_padding_mask must be a torch\.Tensor of shape \(B, S\), got list",
+        ),
+    ]
+    for pad, error, message in cases:
+        with pytest.raises(error, match=message):
+            module(x, k, v, key_padding_mask=pad)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_average_attn_weights_is_the_mean_over_heads(module_class):
+    module = module_class(E, H).double()
+    x = inputs()[0]
+    _, per_head = module(x, need_weights=True)
+    _, averaged = module(x, need_weights=True, average_attn_weights=True)
+    torch.testing.assert_close(averaged, per_head.mean(dim=1))
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_bad_flags_are_named(module_class):
+    module = module_class(E, H)
+    x = torch.randn(B, T, E)
+    for flag in ("need_weights", "average_attn_weights", "is_causal"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False, got str"):
+            module(x, **{flag: "yes"})
+    with pytest.raises(TypeError, match="batch_first must be True or False, got int"):
+        module_class(E, H, batch_first=0)
+    with pytest.raises(ValueError, match='init must be "linear" or "torch", got \'xavier\''):
+        module_class(E, H, init="xavier")
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("name", ["bias", "weight"])
+def test_every_parameter_is_checked_not_only_the_first(module_class, name):
+    # Before, only the first parameter's dtype was compared with the input's: a float64
+    # bias elsewhere crashed deep inside F.linear.
+    module = module_class(E, H)
+    x = torch.randn(B, T, E)
+    last = module.out_proj
+    setattr(last, name, nn.Parameter(getattr(last, name).detach().double()))
+    with pytest.raises(
+        TypeError,
+        match=rf"query has dtype torch\.float32, but the module's parameter out_proj\.{name} has dtype "
+        r"torch\.float64",
+    ):
+        module(x)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_a_parameter_on_another_device_is_named(module_class):
+    module = module_class(E, H)
+    module.out_proj.bias = nn.Parameter(torch.zeros(E, device="meta"))
+    with pytest.raises(
+        ValueError, match=r"query is on cpu, but the module's parameter out_proj\.bias is on meta"
+    ):
+        module(torch.randn(B, T, E))
+
+
+def test_autocast_runs_float32_weights_on_lower_precision_inputs_as_torch_does():
+    reference, ours = torch_pair(dtype=torch.float32)
+    x, k, v = (t.bfloat16() for t in inputs(torch.float32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, _ = reference(x, k, v, need_weights=False)
+        output, _ = ours(x, k, v)
+    assert output.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(output, expected, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_torchscript_is_refused_with_a_plain_message(module_class):
+    module = module_class(E, H)
+    message = r"does not support TorchScript \(torch\.jit\.script\).*torch\.compile"
+    with warnings.catch_warnings():  # recent torch deprecates torch.jit.script itself
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(TypeError, match=message):
+            torch.jit.script(module)
+        with pytest.raises(TypeError, match=message):
+            torch.jit.script(nn.Sequential(nn.Linear(E, E), module))  # inside a user's model too
+
+
+def test_torch_export_traces_the_module():
+    module = qkv.MultiHeadAttention(E, H).eval()
+    x = torch.randn(B, T, E)
+    exported = torch.export.export(module, (x,), kwargs={"is_causal": True})
+    torch.testing.assert_close(exported.module()(x, is_causal=True), module(x, is_causal=True))
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_device_and_dtype_at_construction_and_meta_initialisation(module_class):
+    module = module_class(E, H, kdim=KDIM, dtype=torch.float64)
+    assert {p.dtype for p in module.parameters()} == {torch.float64}
+    lazy = module_class(E, H, kdim=KDIM, device="meta")
+    assert {p.device.type for p in lazy.parameters()} == {"meta"}
+    lazy = lazy.to_empty(device="cpu")
+    lazy.reset_parameters()
+    assert all(torch.isfinite(p).all() and p.abs().max() < 1 for p in lazy.parameters())
+    output, _ = lazy(torch.randn(B, T, E), torch.randn(B, S, KDIM), torch.randn(B, S, E))
+    assert output.shape == (B, T, E)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("sizes", [{}, {"kdim": KDIM, "vdim": VDIM}], ids=["packed", "separate"])
+def test_init_torch_follows_torch_multiheadattention(module_class, sizes):
+    torch.manual_seed(0)
+    big = 96  # enough entries that the largest is near the bound
+    ours = module_class(big, H, init="torch", **sizes).to_heads()
+    reference = qkv.interop.from_torch(nn.MultiheadAttention(big, H, **sizes))
+    for name in ("w_q", "w_k", "w_v", "w_o"):
+        ours_max, torch_max = getattr(ours, name).abs().max(), getattr(reference, name).abs().max()
+        torch.testing.assert_close(ours_max, torch_max, atol=0.02 * torch_max, rtol=0)
+    for name in ("b_q", "b_k", "b_v", "b_o"):
+        assert torch.equal(getattr(ours, name), torch.zeros_like(getattr(ours, name)))
+        assert torch.equal(getattr(reference, name), getattr(ours, name))
+    # The default is nn.Linear's: biases are not zero.
+    assert module_class(big, H).to_heads().b_q.abs().max() > 0
+
+
+def test_hooks_and_replaced_projections_still_run():
+    # The forward pass skips nn.Module.__call__ for a plain nn.Linear with no hooks; anything
+    # else on a projection (a hook, a subclass such as a LoRA or quantised layer) must still run.
+    module = qkv.MultiHeadAttention(E, H).double()
+    x = inputs()[0]
+    before, _ = module(x)
+    seen = []
+    handle = module.q_proj.register_forward_hook(lambda layer, args, out: seen.append(out.shape))
+    module(x)
+    handle.remove()
+    assert seen == [(B, T, E)]
+
+    class Doubled(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    doubled = Doubled(E, E, dtype=torch.float64)
+    doubled.load_state_dict(module.out_proj.state_dict())
+    module.out_proj = doubled
+    after, _ = module(x)
+    torch.testing.assert_close(after, 2 * before)
+    global_seen = []
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda layer, args, out: global_seen.append(type(layer))
+    )
+    try:
+        module.out_proj = nn.Linear(E, E, dtype=torch.float64)
+        module(x)
+    finally:
+        handle.remove()
+    assert global_seen.count(nn.Linear) == 4  # q, k, v and out projections, each seen by the hook

@@ -20,3 +20,7 @@ def test_readme_python_example_runs():
     assert namespace["y"].shape == (B, T, d_model)
     assert namespace["w"].shape == (B, h, T, T)
     assert namespace["mha"].to_heads().w_q.shape == (h, d_model, d_model // h)
+    assert namespace["y_causal"].shape == (B, T, d_model)
+    assert namespace["y_first"].shape == (T, B, d_model)  # sequence first, as asked
+    assert namespace["w_mean"].shape == (B, T, T)
+    assert namespace["w_mean"][1, :, -2:].abs().max() == 0  # padding keys get no weight

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import SupportsIndex, cast
 
 import torch
 from torch import Tensor
@@ -24,7 +25,7 @@ def require_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or isinstance(value, float):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     try:
-        number = operator.index(value)  # int, numpy.int64, 0-d integer tensors
+        number = operator.index(cast(SupportsIndex, value))  # int, numpy.int64, 0-d integer tensors
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if number <= 0:
@@ -102,10 +103,39 @@ def require_size(name: str, x: Tensor, dim: int, expected: int, what: str, again
         )
 
 
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``target`` without enlarging it."""
+    if len(shape) > len(target):
+        return False
+    trailing = tuple(target)[len(target) - len(shape) :]  # broadcasting aligns the last axes
+    for n, t in zip(shape, trailing, strict=True):
+        if n != 1 and n != t:
+            return False
+    return True
+
+
+def require_bool_mask(name: str, mask: object) -> Tensor:
+    """Check that ``mask`` is a boolean tensor (any shape)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a boolean torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be boolean, got dtype {mask.dtype}; for a 0/1 mask use {name}.bool()")
+    return mask
+
+
 def require_mask(
-    mask: object, target: Sequence[int], layout: str, device: torch.device | None = None
+    mask: object,
+    target: Sequence[int],
+    layout: str,
+    device: torch.device | None = None,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """Check a boolean attention mask (True = may attend) against the scores' shape.
+    """Check an attention mask against the scores' shape.
+
+    A mask is boolean (True = may attend) or floating (added to the scaled
+    scores, ``-inf`` blocks), with at least two dimensions (..., T, S), and
+    broadcasts to the scores. Every entry point and both paths use this one check.
 
     Parameters
     ----------
@@ -117,30 +147,56 @@ def require_mask(
         The names of the target's axes, e.g. ``"(B, h, T, S)"``.
     device : torch.device, optional
         The device of the query the mask goes with.
+    dtype : torch.dtype, optional
+        The query's dtype, which a floating mask must share (as in
+        ``F.scaled_dot_product_attention``).
     """
     if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a torch.Tensor (boolean or floating), got {type(mask).__name__}")
+    floating = mask.dtype is not torch.bool
+    if floating and not mask.is_floating_point():
         raise TypeError(
-            f"mask must be boolean (True = may attend), got dtype {mask.dtype}; "
-            "for a 0/1 mask use mask.bool(), for an additive mask use mask == 0"
+            f"mask must be boolean (True = may attend) or floating (added to the scores), got dtype "
+            f"{mask.dtype}; for a 0/1 mask use mask.bool()"
         )
-    target = tuple(target)
-    ok = mask.dim() <= len(target)
-    if ok:
-        try:
-            ok = torch.broadcast_shapes(mask.shape, target) == target
-        except RuntimeError:
-            ok = False
-    if not ok:
+    shape = mask.shape
+    if len(shape) < 2:
         raise ValueError(
-            f"mask of shape {shape_str(mask.shape)} does not broadcast to the attention "
+            f"mask must have at least 2 dimensions (..., T, S), got shape {shape_str(shape)}; "
+            "a mask over the keys alone is mask[None, :], of shape (1, S)"
+        )
+    if not broadcasts_to(shape, target):
+        raise ValueError(
+            f"mask of shape {shape_str(shape)} does not broadcast to the attention "
             f"scores' shape {layout} = {shape_str(target)}; a padding mask over keys has "
             "shape (B, 1, 1, S) (see qkv.padding_mask), a causal mask (T, S)"
+        )
+    if floating and dtype is not None and mask.dtype != dtype:
+        raise TypeError(
+            f"mask has dtype {mask.dtype}, but query has dtype {dtype}: a floating mask is added "
+            "to the scores and must have the query's dtype; convert it with mask.to(query.dtype)"
         )
     if device is not None and mask.device != device:
         raise ValueError(f"mask is on {mask.device}, but query is on {device}")
     return mask
+
+
+def require_dropout(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a probability in [0, 1), else raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def require_causal_sizes(T: int, S: int) -> None:
+    """``is_causal`` aligns the mask to the bottom right, which needs S >= T."""
+    if S < T:
+        raise ValueError(
+            f"is_causal=True needs at least as many keys as queries, got T={T} queries and S={S} keys "
+            "(qkv aligns the causal mask to the bottom right: the queries are the last T positions)"
+        )
 
 
 def require_multi_head_inputs(
@@ -154,26 +210,44 @@ def require_multi_head_inputs(
     kdim: int,
     vdim: int,
     embed_name: str = "embed_dim",
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Check the batch-first inputs of a multi-head attention layer and its mask.
+    batch_first: bool = True,
+    key_padding_mask: object | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Check the inputs of a multi-head attention layer and its masks.
 
     ``query`` (B, T, embed_dim), ``key`` (B, S, kdim), ``value`` (B, S, vdim),
-    floating point; one batch size; keys and values of one length; a boolean
-    mask broadcastable to (B, h, T, S). Dtypes and devices are the caller's to
-    check against its weights.
+    floating point, or sequence first, (T, B, embed_dim) and so on, when
+    ``batch_first`` is False; one batch size; keys and values of one length; a
+    mask broadcastable to (B, h, T, S), boolean or of the query's dtype; a key
+    padding mask of shape (B, S). Dtypes and devices of the weights are the
+    caller's to check.
+
+    Returns
+    -------
+    query, key, value, mask, key_padding_mask
+        The inputs, batch first (a transposed view when ``batch_first`` is False).
     """
-    q = require_tensor("query", query, ndim=3, layout=f"(B, T, {embed_name})")
-    k = require_tensor("key", key, ndim=3, layout="(B, S, kdim)")
-    v = require_tensor("value", value, ndim=3, layout="(B, S, vdim)")
-    require_size("query", q, 2, embed_dim, "features", embed_name)
-    require_size("key", k, 2, kdim, "features", "kdim")
-    require_size("value", v, 2, vdim, "features", "vdim")
-    require_size("value", v, 1, k.shape[1], "positions", "the key's length S")
-    require_size("key", k, 0, q.shape[0], "sequences in the batch", "the query's batch size")
-    require_size("value", v, 0, q.shape[0], "sequences in the batch", "the query's batch size")
+    first, second = (0, 1) if batch_first else (1, 0)  # the batch axis, the position axis
+    # The usual case in one pass (a layer runs once per token when decoding); only when it
+    # fails do the checks below, one by one, find what is wrong and say it.
+    if not _multi_head_shapes_fit(query, key, value, (embed_dim, kdim, vdim), first, second):
+        lead = ("(B, T", "(B, S") if batch_first else ("(T, B", "(S, B")  # the caller's axis names
+        q = require_tensor("query", query, ndim=3, layout=f"{lead[0]}, {embed_name})")
+        k = require_tensor("key", key, ndim=3, layout=f"{lead[1]}, kdim)")
+        v = require_tensor("value", value, ndim=3, layout=f"{lead[1]}, vdim)")
+        require_size("query", q, 2, embed_dim, "features", embed_name)
+        require_size("key", k, 2, kdim, "features", "kdim")
+        require_size("value", v, 2, vdim, "features", "vdim")
+        require_size("value", v, second, k.shape[second], "positions", "the key's length S")
+        require_size("key", k, first, q.shape[first], "sequences in the batch", "the query's batch size")
+        require_size("value", v, first, q.shape[first], "sequences in the batch", "the query's batch size")
+    q, k, v = cast(Tensor, query), cast(Tensor, key), cast(Tensor, value)
+    batch = q.shape[first]
+    if not batch_first:
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (B, T, ·), (B, S, ·)
+    T, S = q.shape[1], k.shape[1]
     m = None
     if mask is not None:
-        target = (q.shape[0], num_heads, q.shape[1], k.shape[1])
         if isinstance(mask, Tensor) and mask.dim() == 3:
             # (B, T, S) per sequence, as Keras takes it, or (h, T, S) per head? Both
             # broadcast when B == h, with different meanings: refuse to guess.
@@ -182,8 +256,55 @@ def require_multi_head_inputs(
                 "mask per sequence (B, T, S) pass mask[:, None] (B, 1, T, S); for one per head "
                 "(h, T, S) pass mask[None] (1, h, T, S)"
             )
-        m = require_mask(mask, target, "(B, h, T, S)", q.device)
-    return q, k, v, m
+        m = require_mask(mask, (batch, num_heads, T, S), "(B, h, T, S)", q.device, dtype=q.dtype)
+    padding = None
+    if key_padding_mask is not None:
+        padding = require_key_padding_mask(key_padding_mask, batch, S, q)
+    return q, k, v, m, padding
+
+
+def _multi_head_shapes_fit(
+    query: object, key: object, value: object, features: tuple[int, int, int], first: int, second: int
+) -> bool:
+    """True when query, key and value are floating 3-D tensors whose sizes agree (see the caller)."""
+    if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
+        return False
+    q, k, v = query.shape, key.shape, value.shape
+    return (
+        len(q) == len(k) == len(v) == 3
+        and (q[2], k[2], v[2]) == features
+        and k[second] == v[second]
+        and q[first] == k[first] == v[first]
+        and query.is_floating_point()
+        and key.is_floating_point()
+        and value.is_floating_point()
+    )
+
+
+def require_key_padding_mask(key_padding_mask: object, batch: int, S: int, query: Tensor) -> Tensor:
+    """Check a key padding mask of shape (B, S): True (or -inf) marks padding, as in torch."""
+    name = "key_padding_mask"
+    if not isinstance(key_padding_mask, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of shape (B, S), got {type(key_padding_mask).__name__}"
+        )
+    pad = key_padding_mask
+    if pad.dtype != torch.bool and not pad.is_floating_point():
+        raise TypeError(
+            f"{name} must be boolean (True = padding, ignored) or floating (added to the scores), "
+            f"got dtype {pad.dtype}; for a 0/1 tensor with 1 for padding use {name}.bool()"
+        )
+    if tuple(pad.shape) != (batch, S):
+        raise ValueError(
+            f"{name} must have shape (B, S) = {shape_str((batch, S))}, got {shape_str(pad.shape)}"
+        )
+    if pad.is_floating_point() and pad.dtype != query.dtype:
+        raise TypeError(
+            f"{name} has dtype {pad.dtype}, but query has dtype {query.dtype}; convert it with .to()"
+        )
+    if pad.device != query.device:
+        raise ValueError(f"{name} is on {pad.device}, but query is on {query.device}")
+    return pad
 
 
 def resolve_head_sizes(

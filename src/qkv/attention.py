@@ -19,17 +19,38 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv._validation import (
+    require_bool,
+    require_causal_sizes,
+    require_dropout,
     require_mask,
     require_same_dtype_and_device,
     require_tensor,
     shape_str,
 )
+from qkv.masks import causal_mask_unchecked, merge_masks
 
 __all__ = ["attention", "fused_attention"]
 
 
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# From torch 2.5 on, F.scaled_dot_product_attention gives a query with no allowed key a
+# zero output and finite gradients on CPU and CUDA (pytorch/pytorch#133882, in the
+# v2.5.0 release notes). Elsewhere (older torch, other devices) qkv guards such rows itself.
+SDPA_ZEROES_EMPTY_ROWS = _torch_version() >= (2, 5)
+
+
 def check_attention_args(
-    query: object, key: object, value: object, mask: object | None
+    query: object,
+    key: object,
+    value: object,
+    mask: object | None,
+    *,
+    is_causal: object = False,
+    dropout_p: object = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Validate the arguments of :func:`attention` and :func:`fused_attention`."""
     q = require_tensor("query", query, min_ndim=2, layout="(..., T, d_k)")
@@ -59,7 +80,10 @@ def check_attention_args(
     m = None
     if mask is not None:
         target = (*lead, q.shape[-2], k.shape[-2])
-        m = require_mask(mask, target, "(..., T, S)", q.device)
+        m = require_mask(mask, target, "(..., T, S)", q.device, dtype=q.dtype)
+    if require_bool("is_causal", is_causal):
+        require_causal_sizes(q.shape[-2], k.shape[-2])
+    require_dropout("dropout_p", dropout_p)
     return q, k, v, m
 
 
@@ -70,18 +94,28 @@ def explicit_attention(
     mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The explicit computation, without argument checks (for qkv's own modules)."""
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
+    if is_causal:
+        causal = causal_mask_unchecked(query.shape[-2], key.shape[-2], query.device)  # (T, S)
+        mask = merge_masks(mask, causal, query.dtype)
     # Scaling the (T, d_k) queries is cheaper than scaling the (T, S) scores; same maths.
     scores = (query * scale) @ key.transpose(-2, -1)  # (..., T, S)
-    if mask is not None:
+    if mask is None:
+        weights = torch.softmax(scores, dim=-1)  # (..., T, S), rows sum to 1 over keys
+    elif mask.dtype == torch.bool:
         # A finite fill (not -inf) keeps a row with no allowed key free of NaN.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # (..., T, S)
-    weights = torch.softmax(scores, dim=-1)  # (..., T, S), rows sum to 1 over keys
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)  # a fully masked row becomes all zeros
+        weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # (..., T, S)
+    else:
+        # An additive mask: -inf blocks. A row whose every entry is -inf has no allowed
+        # key: it is made finite before the softmax (finite gradients) and zeroed after.
+        empty = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (..., T, 1)
+        scores = (scores + mask).masked_fill(empty, 0.0)  # (..., T, S)
+        weights = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)  # (..., T, S)
     attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights  # (..., T, S)
     output = attended @ value  # (..., T, d_v)
     return output, weights
@@ -94,16 +128,36 @@ def fused_attention_unchecked(
     mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
 ) -> Tensor:
     """The fused computation, without argument checks (for qkv's own modules)."""
+    if is_causal and (mask is not None or query.shape[-2] != key.shape[-2]):
+        # SDPA's own is_causal aligns to the top left and takes no other mask: build ours.
+        causal = causal_mask_unchecked(query.shape[-2], key.shape[-2], query.device)  # (T, S)
+        mask, is_causal = merge_masks(mask, causal, query.dtype), False
+    if mask is None or (
+        SDPA_ZEROES_EMPTY_ROWS and (query.is_cpu or query.is_cuda) and mask.dtype in (torch.bool, query.dtype)
+    ):
+        # The usual case, kept short: it runs once per layer and token when decoding.
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )  # (..., T, d_v)
+    if mask.is_floating_point() and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)  # autocast: the projections ran in a lower precision
+    empty = None
+    if not (SDPA_ZEROES_EMPTY_ROWS and (query.is_cpu or query.is_cuda)):
+        # Let a row with no allowed key attend everywhere, so that the kernel computes
+        # no NaN (forward or backward), then zero its output: the explicit path's contract.
+        if mask.dtype == torch.bool:
+            empty = ~mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+            mask = mask | empty  # (..., T, S)
+        else:
+            empty = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (..., T, 1)
+            mask = mask.masked_fill(empty, 0.0)  # (..., T, S)
     output = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale
+        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )  # (..., T, d_v)
-    if mask is not None:
-        # Same contract as the explicit path on every torch version: a query with no
-        # allowed key gets a zero output (some versions return NaN there).
-        output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # (..., T, d_v)
-    return output
+    return output if empty is None else output.masked_fill(empty, 0.0)  # (..., T, d_v)
 
 
 def attention(
@@ -112,7 +166,9 @@ def attention(
     value: Tensor,
     mask: Tensor | None = None,
     *,
+    is_causal: bool = False,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, computed explicitly: softmax(Q Kᵀ / sqrt(d_k)) V.
 
@@ -124,12 +180,25 @@ def attention(
         One key per row, for S key positions.
     value : Tensor, shape (..., S, d_v)
         One value per key.
-    mask : BoolTensor, optional, broadcastable to (..., T, S)
-        **True means "may attend"** (the convention of
-        ``torch.nn.functional.scaled_dot_product_attention``). A query row with
-        no allowed key gets zero weights and a zero output, never NaN.
+    mask : Tensor, optional, broadcastable to (..., T, S), at least 2-D
+        Boolean: **True means "may attend"** (the convention of
+        ``torch.nn.functional.scaled_dot_product_attention``). Floating, of the
+        query's dtype: added to the scaled scores, ``-inf`` blocking (an
+        additive mask, e.g. ALiBi or a learned position bias; gradients flow into
+        it). A query row with no allowed key gets zero weights and a zero
+        output, never NaN.
+    is_causal : bool
+        Add a causal mask, **aligned to the bottom right**: query i may see key
+        j when ``j <= i + (S - T)``, as :func:`qkv.causal_mask`, so the queries
+        are the last T of S positions (cached decoding). Needs ``S >= T``. When
+        ``T == S`` this is the usual lower triangle; when ``T != S`` it differs
+        from ``F.scaled_dot_product_attention(is_causal=True)``, which aligns to
+        the top left. Combined with ``mask`` when both are given.
     scale : float, optional
         The factor applied to the scores; default ``1 / sqrt(d_k)``.
+    dropout_p : float
+        Dropout probability on the weights before they multiply the values
+        (default 0). The returned weights are those before dropout.
 
     Returns
     -------
@@ -141,10 +210,12 @@ def attention(
     Raises
     ------
     TypeError
-        For non-tensors, non-floating inputs, mixed dtypes, or a non-boolean mask.
+        For non-tensors, non-floating inputs, mixed dtypes, a mask that is
+        neither boolean nor floating, or a floating mask of another dtype.
     ValueError
         For mismatched feature sizes or lengths, leading dimensions that do not
-        broadcast, or a mask that does not broadcast to (..., T, S).
+        broadcast, a mask with fewer than 2 dimensions or that does not broadcast
+        to (..., T, S), ``is_causal`` with ``S < T``, or ``dropout_p`` outside [0, 1).
 
     See Also
     --------
@@ -158,9 +229,21 @@ def attention(
     >>> output, weights = qkv.attention(q, k, v, mask=qkv.causal_mask(4, 6))
     >>> output.shape, weights.shape
     (torch.Size([4, 5]), torch.Size([4, 6]))
+
+    ``is_causal=True`` is the same causal mask, aligned to the bottom right:
+
+    >>> torch.equal(qkv.attention(q, k, v, is_causal=True)[1], weights)
+    True
+
+    An additive mask, here a bias that favours nearby keys (as ALiBi does):
+
+    >>> distance = (torch.arange(4)[:, None] + 2 - torch.arange(6)[None, :]).abs()
+    >>> output, weights = qkv.attention(q, k, v, mask=-0.5 * distance.float())
+    >>> weights.sum(-1).allclose(torch.ones(4))
+    True
     """
-    q, k, v, m = check_attention_args(query, key, value, mask)
-    return explicit_attention(q, k, v, m, scale)
+    q, k, v, m = check_attention_args(query, key, value, mask, is_causal=is_causal, dropout_p=dropout_p)
+    return explicit_attention(q, k, v, m, scale, float(dropout_p), is_causal)
 
 
 def fused_attention(
@@ -169,23 +252,31 @@ def fused_attention(
     value: Tensor,
     mask: Tensor | None = None,
     *,
+    is_causal: bool = False,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     """The fast path: the same maths as :func:`attention`, through the fused kernel.
 
     Calls ``torch.nn.functional.scaled_dot_product_attention``, which never
     materialises the (T, S) weights on its fast backends, so it returns only
-    the output. Arguments, conventions and checks are those of :func:`attention`.
+    the output. Arguments, conventions and checks are those of :func:`attention`;
+    with ``is_causal=True`` and ``T == S`` (and no other mask) the kernel's own
+    causal mode runs, which its fastest backends support.
 
     Parameters
     ----------
     query : Tensor, shape (..., T, d_k)
     key : Tensor, shape (..., S, d_k)
     value : Tensor, shape (..., S, d_v)
-    mask : BoolTensor, optional, broadcastable to (..., T, S)
-        True means "may attend".
+    mask : Tensor, optional, broadcastable to (..., T, S), at least 2-D
+        Boolean (True means "may attend") or floating (added to the scores).
+    is_causal : bool
+        A causal mask aligned to the bottom right (see :func:`attention`).
     scale : float, optional
         Default ``1 / sqrt(d_k)``.
+    dropout_p : float
+        Dropout probability on the weights (default 0).
 
     Returns
     -------
@@ -202,6 +293,10 @@ def fused_attention(
     >>> q, k, v = torch.randn(2, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 5)
     >>> torch.allclose(qkv.fused_attention(q, k, v), qkv.attention(q, k, v)[0], atol=1e-6)
     True
+    >>> torch.allclose(
+    ...     qkv.fused_attention(q, k, v, is_causal=True),
+    ...     qkv.attention(q, k, v, is_causal=True)[0], atol=1e-6)
+    True
     """
-    q, k, v, m = check_attention_args(query, key, value, mask)
-    return fused_attention_unchecked(q, k, v, m, scale)
+    q, k, v, m = check_attention_args(query, key, value, mask, is_causal=is_causal, dropout_p=dropout_p)
+    return fused_attention_unchecked(q, k, v, m, scale, float(dropout_p), is_causal)

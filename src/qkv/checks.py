@@ -52,13 +52,14 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeGuard, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from qkv._validation import (
+    require_bool_mask,
     require_mask,
     require_same_dtype_and_device,
     require_size,
@@ -66,7 +67,7 @@ from qkv._validation import (
     shape_str,
 )
 from qkv.attention import attention
-from qkv.heads import multi_head_attention
+from qkv.heads import HeadWeights, multi_head_attention
 from qkv.masks import causal_mask
 
 __all__ = [
@@ -83,6 +84,20 @@ __all__ = [
 
 #: An attention function ``(query, key, value, mask=None) -> (output, weights)`` or module.
 Attend = Callable[..., Any]
+
+
+class _ToHeads(Protocol):
+    """Has ``to_heads()``, the weights in the paper's per-head form."""
+
+    def to_heads(self) -> HeadWeights: ...
+
+
+class _PerHeadModule(_ToHeads, Protocol):
+    """A module whose heads can be read and written one at a time (qkv's modules, their subclasses)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def load_heads(self, weights: HeadWeights) -> None: ...
 
 
 class AttentionCheckError(AssertionError):
@@ -154,10 +169,9 @@ def _prepare(
     require_size("value", v, -2, k.shape[-2], "positions", "the key's length S")
     m = None
     if mask is not None:
-        m = require_mask(mask, tuple(mask.shape) if isinstance(mask, Tensor) else (), "(..., T, S)")
-        if m.dim() >= 2:
-            target = (*m.shape[:-2], q.shape[-2], k.shape[-2])
-            m = require_mask(m, target, "(..., T, S)")
+        # The checks select with the mask, so they take the boolean form (True = may attend).
+        m = require_bool_mask("mask", mask)
+        m = require_mask(m, (*m.shape[:-2], q.shape[-2], k.shape[-2]), "(..., T, S)")
     return q, k, v, m
 
 
@@ -173,15 +187,15 @@ def _takes_need_weights(attend: Attend) -> bool:
 @contextmanager
 def _evaluating(attend: Attend) -> Iterator[None]:
     """Evaluation mode (no dropout) and no gradients while checking; restore the mode after."""
-    was_training = isinstance(attend, nn.Module) and attend.training
-    if was_training:
-        attend.eval()
+    training_module = attend if isinstance(attend, nn.Module) and attend.training else None
+    if training_module is not None:
+        training_module.eval()
     try:
         with torch.no_grad():
             yield
     finally:
-        if was_training:
-            attend.train()
+        if training_module is not None:
+            training_module.train()
 
 
 def _call(
@@ -474,6 +488,7 @@ def check_mask_respected(
     if mask is None:
         raise ValueError("check_mask_respected needs a mask (True = may attend), got None")
     q, k, v, m = _prepare(attend, query, key, value, mask)
+    assert m is not None  # mask is not None, so neither is its checked copy
     _, weights = _call(attend, q, k, v, m)
     allowed = _allowed(m, weights)  # (..., T, S)
     leaked = weights.masked_fill(allowed, 0.0).abs()  # (..., T, S): weight on blocked keys
@@ -672,9 +687,14 @@ def check_causal(
     return f"{said_output}; {said_weights}"
 
 
+def _has_heads(attend: Attend) -> TypeGuard[_PerHeadModule]:
+    """Whether ``attend`` is a module with ``to_heads`` and ``load_heads``."""
+    return hasattr(attend, "to_heads") and hasattr(attend, "load_heads") and isinstance(attend, nn.Module)
+
+
 def _head_axis_size(attend: Attend, query: Tensor) -> int:
     """The number of heads that can be perturbed one at a time (0 when none)."""
-    if hasattr(attend, "to_heads") and hasattr(attend, "load_heads") and isinstance(attend, nn.Module):
+    if _has_heads(attend):
         return int(attend.to_heads().num_heads)
     if not isinstance(attend, nn.Module) and query.dim() >= 4:
         return query.shape[-3]
@@ -742,11 +762,11 @@ def check_heads_independent(
         )
     generator = _generator(seed)
     output, weights = _call(attend, q, k, v, m)
-    is_module = isinstance(attend, nn.Module)
+    module = attend if _has_heads(attend) else None  # heads >= 2: a module has to_heads/load_heads
     leaked, largest, worst_sentence = False, -math.inf, ""
     for head in range(heads):
-        if is_module:
-            changed_module = copy.deepcopy(attend)
+        if module is not None:
+            changed_module = copy.deepcopy(module)
             per_head = changed_module.to_heads()
             per_head.w_q[head] += _noise(per_head.w_q[head], generator)  # (d_model, d_k)
             per_head.w_k[head] += _noise(per_head.w_k[head], generator)  # (kdim, d_k)
@@ -803,7 +823,7 @@ def _default_reference(attend: Attend) -> Attend | None:
             return None
 
         def reference(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Any:
-            return multi_head_attention(query, key, value, attend.to_heads(), mask)
+            return multi_head_attention(query, key, value, cast(_ToHeads, attend).to_heads(), mask)
 
         return reference
     return attention
@@ -1018,7 +1038,8 @@ def run_checks(
     }
     calls: dict[str, Callable[[], str]] = {
         "rows_sum_to_one": lambda: check_rows_sum_to_one(attend, q, k, v, mask=m, atol=atol),
-        "mask_respected": lambda: check_mask_respected(attend, q, k, v, mask=m, atol=atol),
+        # Run only when there is a mask (see skip).
+        "mask_respected": lambda: check_mask_respected(attend, q, k, v, mask=cast(Tensor, m), atol=atol),
         "permutation_invariant": lambda: check_permutation_invariant(
             attend, q, k, v, mask=m, atol=atol, rtol=rtol, seed=seed
         ),

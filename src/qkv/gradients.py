@@ -25,12 +25,13 @@ The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
 
 from qkv._validation import (
+    require_bool_mask,
     require_same_dtype_and_device,
     require_tensor,
     shape_str,
@@ -44,6 +45,14 @@ from qkv.heads import (
     split_heads_unchecked,
 )
 
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
+
+    # A HeadWeights' eight tensors in its field order: w_q, w_k, w_v, w_o, then the biases (or None).
+    _WeightTensors = tuple[
+        Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None
+    ]
+
 __all__ = [
     "ManualAttention",
     "ManualMultiHeadAttention",
@@ -53,6 +62,13 @@ __all__ = [
     "multi_head_attention_backward",
     "softmax_backward",
 ]
+
+
+def _boolean_mask(mask: Tensor | None) -> Tensor | None:
+    """The hand-derived backward returns no gradient for a mask, so only boolean masks are taken."""
+    if mask is not None and mask.dtype != torch.bool:
+        require_bool_mask("mask", mask)  # raises: for an additive mask use qkv.attention and autograd
+    return mask
 
 
 def _require_grad_shape(grad_output: object, expected: tuple[int, ...], layout: str) -> Tensor:
@@ -170,6 +186,7 @@ def attention_backward(
     (torch.Size([4, 8]), torch.Size([6, 8]), torch.Size([6, 5]))
     """
     q, k, v, m = _check_attention(query, key, value, mask)
+    m = _boolean_mask(m)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     grad = _require_grad_shape(grad_output, (*lead, q.shape[-2], v.shape[-1]), "(..., T, d_v)")
     require_same_dtype_and_device({"query": q, "grad_output": grad})
@@ -272,6 +289,7 @@ def multi_head_attention_backward(
     (True, True)
     """
     q, k, v, m = check_multi_head_args(query, key, value, weights, mask)
+    m = _boolean_mask(m)
     w = weights
     grad = _require_grad_shape(grad_output, (q.shape[0], q.shape[1], w.embed_dim), "(B, T, d_model)")
     require_same_dtype_and_device({"query": q, "grad_output": grad})
@@ -286,7 +304,7 @@ class ManualAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float
     ) -> Tensor:
         ctx.save_for_backward(query, key, value)
@@ -295,7 +313,7 @@ class ManualAttention(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
         query, key, value = ctx.saved_tensors
         grads = _attention_backward(query, key, value, grad_output, ctx.mask, ctx.scale)
         return (*grads, None, None)
@@ -334,9 +352,10 @@ def manual_attention(
     :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
     q, k, v, m = _check_attention(query, key, value, mask)
+    m = _boolean_mask(m)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return ManualAttention.apply(q, k, v, m, scale)
+    return cast(Tensor, ManualAttention.apply(q, k, v, m, scale))  # type: ignore[no-untyped-call]
 
 
 class ManualMultiHeadAttention(torch.autograd.Function):
@@ -348,13 +367,13 @@ class ManualMultiHeadAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         query: Tensor,
         key: Tensor,
         value: Tensor,
         mask: Tensor | None,
-        *weights: Tensor | None,
+        *weights: Unpack[_WeightTensors],
     ) -> Tensor:
         ctx.save_for_backward(query, key, value, *(t for t in weights if t is not None))
         ctx.mask, ctx.bias = mask, weights[4] is not None
@@ -362,7 +381,7 @@ class ManualMultiHeadAttention(torch.autograd.Function):
         return multi_head_forward_unchecked(query, key, value, w, mask).output  # (B, T, d_model)
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
         query, key, value, *weights = ctx.saved_tensors
         w = HeadWeights(*weights) if ctx.bias else HeadWeights(*weights[:4])
         grad_query, grad_key, grad_value, g = _multi_head_backward(
@@ -403,6 +422,7 @@ def manual_multi_head_attention(
     :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
     """
     q, k, v, m = check_multi_head_args(query, key, value, weights, mask)
+    m = _boolean_mask(m)
     w = weights
     tensors = (w.w_q, w.w_k, w.w_v, w.w_o, w.b_q, w.b_k, w.b_v, w.b_o)
-    return ManualMultiHeadAttention.apply(q, k, v, m, *tensors)
+    return cast(Tensor, ManualMultiHeadAttention.apply(q, k, v, m, *tensors))  # type: ignore[no-untyped-call]

@@ -15,8 +15,9 @@ The chapter "One big W^Q or one per head?" (book/heads.ipynb).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -224,22 +225,26 @@ class HeadWeights:
         """Whether the layer has biases."""
         return self.b_q is not None
 
-    def to(self, *args: object, **kwargs: object) -> HeadWeights:
+    @property
+    def biases(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """``(b_q, b_k, b_v, b_o)``, or None when the layer has no bias (all or none)."""
+        if self.b_q is None or self.b_k is None or self.b_v is None or self.b_o is None:
+            return None
+        return self.b_q, self.b_k, self.b_v, self.b_o
+
+    def _map(self, function: Callable[[Tensor], Tensor]) -> HeadWeights:
+        """A copy with ``function`` applied to every tensor."""
+        tensors: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        changed: dict[str, Any] = {name: None if t is None else function(t) for name, t in tensors.items()}
+        return replace(self, **changed)
+
+    def to(self, *args: Any, **kwargs: Any) -> HeadWeights:
         """Return a copy with every tensor moved by ``Tensor.to(*args, **kwargs)``."""
-        moved = {
-            f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(*args, **kwargs)
-            for f in fields(self)
-        }
-        return HeadWeights(**moved)
+        return self._map(lambda t: t.to(*args, **kwargs))
 
     def detach(self) -> HeadWeights:
         """Return a copy whose tensors are detached clones."""
-        return HeadWeights(
-            **{
-                f.name: None if getattr(self, f.name) is None else getattr(self, f.name).detach().clone()
-                for f in fields(self)
-            }
-        )
+        return self._map(lambda t: t.detach().clone())
 
     @classmethod
     def random(
@@ -252,11 +257,19 @@ class HeadWeights:
         d_k: int | None = None,
         d_v: int | None = None,
         bias: bool = True,
+        init: str = "linear",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
     ) -> HeadWeights:
-        """Random weights with the scale of a fresh ``nn.Linear`` (uniform, ±1/sqrt(fan_in)).
+        """Random weights as a fresh layer has them.
+
+        ``init="linear"`` gives every projection the scale of a fresh ``nn.Linear``
+        (uniform in ±1/sqrt(fan_in), biases too), as qkv's modules start.
+        ``init="torch"`` follows ``torch.nn.MultiheadAttention``: W^Q, W^K, W^V
+        Xavier-uniform, over the packed (3·h·d_k, d_model) matrix when
+        ``kdim == vdim == embed_dim`` and ``d_k == d_v`` (as torch packs them), over
+        each projection's matrix otherwise; W^O as ``nn.Linear``; all biases zero.
 
         Parameters
         ----------
@@ -270,6 +283,8 @@ class HeadWeights:
             Per-head sizes; default ``embed_dim // num_heads`` (which must then divide).
         bias : bool
             Whether to include biases.
+        init : {"linear", "torch"}
+            The initialisation scheme (above).
         dtype, device, generator
             Passed to ``torch.rand``.
 
@@ -288,21 +303,41 @@ class HeadWeights:
         embed_dim, num_heads, kdim, vdim, d_k, d_v = resolve_head_sizes(
             embed_dim, num_heads, kdim, vdim, d_k, d_v
         )
+        if init not in ("linear", "torch"):
+            raise ValueError(f'init must be "linear" or "torch", got {init!r}')
 
-        def uniform(shape: tuple[int, ...], fan_in: int) -> Tensor:
+        def uniform(shape: tuple[int, ...], divisor: float) -> Tensor:
+            """Uniform in ±1/divisor."""
             u = torch.rand(shape, dtype=dtype, device=device, generator=generator)
-            return (2 * u - 1) / fan_in**0.5
+            return (2 * u - 1) / divisor
 
         h = num_heads
+        fan_in = {"q": embed_dim, "k": kdim, "v": vdim}
+        # The bound is 1/divisor: nn.Linear's 1/sqrt(fan_in), or Xavier's sqrt(6/(fan_in + fan_out)).
+        if init == "linear":
+            divisors = {name: n**0.5 for name, n in fan_in.items()}
+        elif kdim == vdim == embed_dim and d_k == d_v:  # torch's packed in_proj_weight
+            divisors = dict.fromkeys(fan_in, ((embed_dim + 3 * h * d_k) / 6) ** 0.5)
+        else:  # torch's separate q_proj_weight, k_proj_weight, v_proj_weight
+            fan_out = {"q": h * d_k, "k": h * d_k, "v": h * d_v}
+            divisors = {name: ((n + fan_out[name]) / 6) ** 0.5 for name, n in fan_in.items()}
+
+        def bias_of(shape: tuple[int, ...], fan_in: int) -> Tensor | None:
+            if not bias:
+                return None
+            if init == "torch":
+                return torch.zeros(shape, dtype=dtype, device=device)
+            return uniform(shape, fan_in**0.5)
+
         return cls(
-            w_q=uniform((h, embed_dim, d_k), embed_dim),
-            w_k=uniform((h, kdim, d_k), kdim),
-            w_v=uniform((h, vdim, d_v), vdim),
-            w_o=uniform((h * d_v, embed_dim), h * d_v),
-            b_q=uniform((h, d_k), embed_dim) if bias else None,
-            b_k=uniform((h, d_k), kdim) if bias else None,
-            b_v=uniform((h, d_v), vdim) if bias else None,
-            b_o=uniform((embed_dim,), h * d_v) if bias else None,
+            w_q=uniform((h, embed_dim, d_k), divisors["q"]),
+            w_k=uniform((h, kdim, d_k), divisors["k"]),
+            w_v=uniform((h, vdim, d_v), divisors["v"]),
+            w_o=uniform((h * d_v, embed_dim), (h * d_v) ** 0.5),
+            b_q=bias_of((h, d_k), embed_dim),
+            b_k=bias_of((h, d_k), kdim),
+            b_v=bias_of((h, d_v), vdim),
+            b_o=bias_of((embed_dim,), h * d_v),
         )
 
 
@@ -312,7 +347,7 @@ def check_multi_head_args(
     """Validate the arguments of :func:`multi_head_attention` (and of its backward pass)."""
     if not isinstance(weights, HeadWeights):
         raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
-    q, k, v, m = require_multi_head_inputs(
+    q, k, v, m, _ = require_multi_head_inputs(
         query, key, value, mask, num_heads=weights.num_heads, embed_dim=weights.embed_dim,
         kdim=weights.kdim, vdim=weights.vdim, embed_name="d_model",
     )  # fmt: skip
@@ -339,8 +374,9 @@ def multi_head_attention(
     key : Tensor, shape (B, S, kdim)
     value : Tensor, shape (B, S, vdim)
     weights : HeadWeights
-    mask : BoolTensor, optional, broadcastable to (B, h, T, S)
-        True means "may attend".
+    mask : Tensor, optional, broadcastable to (B, h, T, S)
+        Boolean (True means "may attend") or floating (added to the scores), as
+        for :func:`qkv.attention`.
 
     Returns
     -------

@@ -72,7 +72,7 @@ def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
     torch.Size([3, 12, 4])
     >>> x = torch.randn(2, 5, 12)
     >>> ours = qkv.MultiHeadAttention.from_heads(hw)
-    >>> torch.allclose(ours(x), mha(x, x, x)[0], atol=1e-6)
+    >>> torch.allclose(ours(x)[0], mha(x, x, x)[0], atol=1e-6)
     True
     """
     if not isinstance(module, nn.MultiheadAttention):
@@ -160,9 +160,10 @@ def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadA
             module.k_proj_weight.copy_(fused(w.w_k))  # (embed_dim, kdim)
             module.v_proj_weight.copy_(fused(w.w_v))  # (embed_dim, vdim)
         module.out_proj.weight.copy_(w.w_o.T)  # (embed_dim, h·d_v)
-        if w.bias:
-            module.in_proj_bias.copy_(torch.cat([w.b_q.reshape(-1), w.b_k.reshape(-1), w.b_v.reshape(-1)]))
-            module.out_proj.bias.copy_(w.b_o)
+        if w.biases is not None:
+            b_q, b_k, b_v, b_o = w.biases
+            module.in_proj_bias.copy_(torch.cat([b_q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)]))
+            module.out_proj.bias.copy_(b_o)
     return module
 
 
@@ -197,7 +198,7 @@ def from_bert(module: Any) -> HeadWeights:
     >>> bert = BertAttention(BertConfig(hidden_size=12, num_attention_heads=3)).eval()
     >>> hw = qkv.interop.from_bert(bert)
     >>> x = torch.randn(2, 5, 12)
-    >>> mixed = qkv.MultiHeadAttention.from_heads(hw)(x)
+    >>> mixed, _ = qkv.MultiHeadAttention.from_heads(hw)(x)
     >>> torch.allclose(bert.output.LayerNorm(x + mixed), bert(x)[0], atol=1e-5)
     True
     """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv._validation import require_mask, require_positive_int, require_tensor
+from qkv._validation import require_bool_mask, require_positive_int, require_tensor
 
 __all__ = ["additive_mask", "causal_mask", "from_torch_mask", "padding_mask"]
 
@@ -59,6 +59,11 @@ def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | No
         raise ValueError(
             f"a causal mask needs at least as many keys as queries, got T={T} queries and S={S} keys"
         )
+    return causal_mask_unchecked(T, S, device)
+
+
+def causal_mask_unchecked(T: int, S: int, device: torch.device | str | None = None) -> Tensor:
+    """:func:`causal_mask` without argument checks (for qkv's own functions)."""
     queries = torch.arange(T, device=device)[:, None]  # (T, 1)
     keys = torch.arange(S, device=device)[None, :]  # (1, S)
     return keys <= queries + (S - T)  # (T, S)
@@ -146,8 +151,7 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
     tensor([[ True, False],
             [ True,  True]])
     """
-    require_mask(blocked, tuple(blocked.shape) if isinstance(blocked, Tensor) else (), "(...)")
-    return ~blocked
+    return ~require_bool_mask("blocked", blocked)
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -180,8 +184,37 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     tensor([[0., -inf],
             [0., 0.]])
     """
-    require_mask(mask, tuple(mask.shape) if isinstance(mask, Tensor) else (), "(...)")
+    require_bool_mask("mask", mask)
     if not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating dtype, got {dtype}")
-    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return zeros.masked_fill(~mask, float("-inf"))
+    return as_additive(mask, dtype)
+
+
+def merge_masks(first: Tensor | None, second: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """One mask that allows what both allow: boolean AND, or the sum of additive masks.
+
+    Either may be None, boolean (True = may attend) or floating (added to the
+    scores); when one is floating the boolean one becomes 0/-inf of ``dtype``.
+    """
+    if first is None or second is None:
+        return second if first is None else first
+    if first.dtype == torch.bool and second.dtype == torch.bool:
+        return first & second
+    return as_additive(first, dtype) + as_additive(second, dtype)
+
+
+def as_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A mask as a float to add to the scores: a boolean one becomes 0 / -inf."""
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
+def key_padding_to_mask(key_padding_mask: Tensor) -> Tensor:
+    """torch's key padding mask (B, S), True = padding, as a qkv mask (B, 1, 1, S).
+
+    A boolean one is inverted (qkv's True means "may attend"); a floating one is
+    additive in both conventions and only gains its two broadcast axes.
+    """
+    padding = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+    return ~padding if padding.dtype == torch.bool else padding

@@ -8,7 +8,9 @@ W^K and W^V come from" (book/training.ipynb).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -235,8 +237,9 @@ class EncoderLayer(nn.Module):
         -------
         Tensor, shape (B, S, dim)
         """
-        x = x + self.self_attn(self.norm1(x), mask=mask)  # (B, S, dim)
-        return x + self.feed_forward(self.norm2(x))  # (B, S, dim)
+        x = x + self.self_attn(self.norm1(x), mask=mask)[0]  # (B, S, dim)
+        x = x + self.feed_forward(self.norm2(x))  # (B, S, dim)
+        return x
 
 
 class DecoderLayer(nn.Module):
@@ -343,18 +346,22 @@ class DecoderLayer(nn.Module):
             The cross-attention weights, only when ``need_weights``.
         """
         T = y.shape[1]
-        y = y + self.self_attn(self.norm1(y), mask=causal_mask(T, device=y.device))  # (B, T, dim)
+        y = y + self.self_attn(self.norm1(y), mask=causal_mask(T, device=y.device))[0]  # (B, T, dim)
         query = self.norm2(y)  # (B, T, dim)
         if memory_keys_values is not None:
             attended, weights = self._cross_attend(query, *memory_keys_values, memory_mask, need_weights)
         elif memory is not None:
-            result = self.cross_attn(query, memory, memory, mask=memory_mask, need_weights=need_weights)
-            attended, weights = result if need_weights else (result, None)  # (B, T, dim)
+            attended, weights = self.cross_attn(
+                query, memory, memory, mask=memory_mask, need_weights=need_weights
+            )  # (B, T, dim), (B, h, T, S) or None
         else:
             raise ValueError("pass memory (the encoder's output) or memory_keys_values")
         y = y + attended  # (B, T, dim)
         y = y + self.feed_forward(self.norm3(y))  # (B, T, dim)
-        return (y, weights) if need_weights else y
+        if not need_weights:
+            return y
+        assert weights is not None  # both kinds of cross-attention return their weights when asked
+        return y, weights
 
 
 @dataclass
@@ -466,7 +473,8 @@ class TinyEncoderDecoder(nn.Module):
         x = self.source_embedding(source) + self.source_position(positions)  # (B, S, encoder_dim)
         for layer in self.encoder:
             x = layer(x, mask)  # (B, S, encoder_dim)
-        return self.encoder_norm(x)  # (B, S, encoder_dim)
+        memory: Tensor = self.encoder_norm(x)  # (B, S, encoder_dim)
+        return memory
 
     def memory_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Every decoder layer's cross-attention keys and values, computed once per source.
@@ -481,7 +489,7 @@ class TinyEncoderDecoder(nn.Module):
         """
         memory = require_tensor("memory", memory, ndim=3, layout="(B, S, encoder_dim)")
         require_size("memory", memory, 2, self.config.encoder_dim, "features", "config.encoder_dim")
-        return [layer.memory_keys_values(memory) for layer in self.decoder]
+        return [cast(DecoderLayer, layer).memory_keys_values(memory) for layer in self.decoder]
 
     def decode(
         self,
@@ -521,17 +529,20 @@ class TinyEncoderDecoder(nn.Module):
                 f"memory_keys_values has {len(memory_keys_values)} (keys, values) pairs, "
                 f"but the decoder has {len(self.decoder)} layers"
             )
-        per_layer = memory_keys_values or [None] * len(self.decoder)
+        per_layer: Sequence[tuple[Tensor, Tensor] | None] = memory_keys_values or [None] * len(self.decoder)
         positions = torch.arange(target_in.shape[1], device=target_in.device)  # (T,)
         y = self.target_embedding(target_in) + self.target_position(positions)  # (B, T, decoder_dim)
-        all_weights = []
+        all_weights: list[Tensor] = []
         for layer, keys_values in zip(self.decoder, per_layer, strict=True):
             result = layer(
                 y, memory, memory_mask=memory_mask, memory_keys_values=keys_values, need_weights=need_weights
             )
-            y, weights = result if need_weights else (result, None)  # (B, T, decoder_dim)
-            all_weights.append(weights)
-        logits = self.readout(self.decoder_norm(y))  # (B, T, target_vocab_size)
+            if need_weights:
+                y, weights = result  # (B, T, decoder_dim), (B, h, T, S)
+                all_weights.append(weights)
+            else:
+                y = result  # (B, T, decoder_dim)
+        logits: Tensor = self.readout(self.decoder_norm(y))  # (B, T, target_vocab_size)
         return (logits, all_weights) if need_weights else logits
 
     def forward(
@@ -601,6 +612,7 @@ class TinyEncoderDecoder(nn.Module):
                 logits = self.decode(tokens, mask, memory_keys_values=cached)  # (B, t, V)
             else:
                 logits = self.decode(tokens, mask, memory=memory)  # (B, t, V)
+            assert isinstance(logits, Tensor)  # without need_weights, decode returns the logits alone
             next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
             tokens = torch.cat([tokens, next_token], dim=1)  # (B, t + 1)
         return tokens[:, 1:]  # (B, max_length)

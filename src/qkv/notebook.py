@@ -13,14 +13,18 @@ from __future__ import annotations
 import os
 import random
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.typing import RcKeyType
+
 __all__ = ["get_device", "seed_everything", "setup"]
 
 #: Matplotlib settings shared by every figure in the book.
-PLOT_STYLE: dict[str, object] = {
+PLOT_STYLE: dict[RcKeyType, object] = {
     "figure.figsize": (5.0, 4.0),
     "figure.dpi": 100,
     "savefig.dpi": 100,

@@ -26,12 +26,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plot_attention", "plot_heads"]
 
 
-def _pyplot() -> Any:
+def _require_matplotlib() -> None:
+    """Raise an ImportError that says how to install matplotlib, when it is missing."""
     try:
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot  # noqa: F401 - only checks that it can be imported
     except ImportError as error:
         raise ImportError("qkv's figures need matplotlib: pip install 'qkv[plot]'") from error
-    return plt
 
 
 def _as_array(weights: Any, ndim: int, layout: str) -> np.ndarray:
@@ -56,7 +56,8 @@ def _label_axis(ax: Axes, axis: str, labels: Sequence[str] | None, size: int, na
         raise ValueError(f"{name}s has {len(labels)} labels, but weights have {size} {name} positions")
     # Short labels (digits, short words) read best upright; long ones are turned.
     rotate = axis == "x" and max((len(str(label)) for label in labels), default=0) > 5
-    set_ticks(range(size), labels, **({"rotation": 90} if rotate else {}))
+    rotation: dict[str, Any] = {"rotation": 90} if rotate else {}
+    set_ticks(range(size), labels, **rotation)
     set_label(name)
 
 
@@ -109,7 +110,8 @@ def plot_attention(
     >>> import torch, qkv
     >>> ax = qkv.plot_attention(torch.softmax(torch.randn(4, 6), -1), title="random")
     """
-    plt = _pyplot()
+    _require_matplotlib()
+    import matplotlib.pyplot as plt
 
     array = _as_array(weights, 2, "(T, S)")
     if ax is None:
@@ -166,7 +168,8 @@ def plot_heads(
     >>> _, weights = mha(torch.randn(1, 5, 12), need_weights=True)
     >>> figure = qkv.plot_heads(weights[0], title="three heads, three patterns")
     """
-    plt = _pyplot()
+    _require_matplotlib()
+    import matplotlib.pyplot as plt
 
     array = _as_array(weights, 3, "(h, T, S)")
     heads = array.shape[0]
