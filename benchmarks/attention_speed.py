@@ -33,6 +33,9 @@ from qkv.interop import from_torch
 
 H, E = 8, 256
 CASES = {"short": {"B": 8, "T": 256}, "long": {"B": 1, "T": 2048}}
+# Small inputs, where the per-call overhead shows: one decoding step (one query against 128
+# remembered positions, cross-attention style) and a small batch of short sequences.
+SMALL_CASES = {"step": {"B": 1, "T": 1, "S": 128}, "small": {"B": 4, "T": 16, "S": 16}}
 
 
 def build(B: int, T: int, device: torch.device) -> dict[str, object]:
@@ -52,12 +55,63 @@ def build(B: int, T: int, device: torch.device) -> dict[str, object]:
 
     return {
         "x": x,
-        "qkv": lambda x: ours(x),
+        "qkv": lambda x: ours(x)[0],
         "torch": lambda x: reference(x, x, x, need_weights=False)[0],
         "bare SDPA": bare_sdpa,
         "qkv weights": lambda x: ours(x, need_weights=True)[0],
         "torch weights": lambda x: reference(x, x, x, need_weights=True, average_attn_weights=False)[0],
     }
+
+
+def build_small(
+    B: int, T: int, S: int, masked: bool, device: torch.device
+) -> dict[str, Callable[[], Tensor]]:
+    """qkv and the bare SDPA composition on a small input, with or without a mask.
+
+    The mask is a key padding mask (B, 1, 1, S) for the decoding step (the last 3 of 128
+    positions are padding) and the causal mask (T, S) for the small batch.
+    """
+    torch.manual_seed(0)
+    ours = qkv.MultiHeadAttention(E, H, device=device).eval()
+    x = torch.randn(B, T, E, device=device)  # (B, T, embed_dim)
+    memory = torch.randn(B, S, E, device=device)  # (B, S, embed_dim)
+    mask = None
+    if masked:
+        mask = (
+            qkv.padding_mask([S - 3] * B, S, device=device)
+            if T == 1
+            else qkv.causal_mask(T, S, device=device)
+        )
+    d = E // H
+
+    def bare_sdpa() -> Tensor:
+        q = F.linear(x, ours.q_proj.weight, ours.q_proj.bias).view(B, T, H, d).transpose(1, 2)  # (B, h, T, d)
+        k = F.linear(memory, ours.k_proj.weight, ours.k_proj.bias).view(B, S, H, d).transpose(1, 2)
+        v = F.linear(memory, ours.v_proj.weight, ours.v_proj.bias).view(B, S, H, d).transpose(1, 2)
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, T, d)
+        return F.linear(heads.transpose(1, 2).reshape(B, T, E), ours.out_proj.weight, ours.out_proj.bias)
+
+    return {"qkv": lambda: ours(x, memory, mask=mask)[0], "bare SDPA": bare_sdpa}
+
+
+def time_small(case: str, masked: bool, rounds: int, device: torch.device) -> dict[str, float]:
+    """Median seconds per inference call; each sample averages 5 calls, variants interleaved."""
+    sizes = SMALL_CASES[case]
+    built = build_small(sizes["B"], sizes["T"], sizes["S"], masked, device)
+    samples: dict[str, list[float]] = {name: [] for name in built}
+    with torch.inference_mode():
+        for _ in range(50):  # warm up
+            for fn in built.values():
+                fn()
+        for _ in range(rounds):
+            for name, fn in built.items():
+                synchronize(device)
+                start = time.perf_counter()
+                for _ in range(5):
+                    fn()
+                synchronize(device)
+                samples[name].append((time.perf_counter() - start) / 5)
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def step(fn: Callable[[Tensor], Tensor], x: Tensor, backward: bool) -> None:
@@ -147,6 +201,15 @@ def main() -> None:
             weights = f"qkv weights / torch weights {times['qkv weights'] / times['torch weights']:.3f}"
             row = "  ".join(f"{name} {1e3 * t:.2f}" for name, t in times.items())
             print(f"  {mode:17s} {row}\n  {'':17s} {fast}; {vs_torch}; {bare}; {weights}")
+    print("\nsmall inputs, inference (median of rounds of 5 calls, us)")
+    for case, sizes in SMALL_CASES.items():
+        for masked in (False, True):
+            times = time_small(case, masked, 100 if args.quick else 400, device)
+            label = (
+                f"{case}: B={sizes['B']}, T={sizes['T']}, S={sizes['S']}, {'mask' if masked else 'no mask'}"
+            )
+            print(f"  {label:38s} qkv {1e6 * times['qkv']:.1f}  bare SDPA {1e6 * times['bare SDPA']:.1f}"
+                  f"  qkv / bare SDPA {times['qkv'] / times['bare SDPA']:.3f}")  # fmt: skip
     names = ("qkv", "bare SDPA", "torch", "qkv weights", "torch weights")
     memory = {name: peak_memory(name, str(device)) for name in names}
     print(f"\npeak extra memory, forward+backward at T=S={CASES['long']['T']} (MiB): "
