@@ -297,6 +297,11 @@ def fused_attention(
     ...     qkv.fused_attention(q, k, v, is_causal=True),
     ...     qkv.attention(q, k, v, is_causal=True)[0], atol=1e-6)
     True
+
+    Dropout on the weights, as during training (here on every call):
+
+    >>> torch.allclose(qkv.fused_attention(q, k, v, dropout_p=0.5), qkv.fused_attention(q, k, v))
+    False
     """
     q, k, v, m = check_attention_args(query, key, value, mask, is_causal=is_causal, dropout_p=dropout_p)
     return fused_attention_unchecked(q, k, v, m, scale, float(dropout_p), is_causal)

@@ -136,6 +136,15 @@ class _MultiHeadBase(nn.Module):
         does; ``init="torch"`` follows ``torch.nn.MultiheadAttention`` (see
         :meth:`qkv.HeadWeights.random`). After ``to_empty()`` from the meta
         device, this fills the weights.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> mha = qkv.MultiHeadAttention(12, 3, init="torch", device="meta")  # no memory yet
+        >>> mha = mha.to_empty(device="cpu")  # memory, not yet weights
+        >>> mha.reset_parameters()
+        >>> mha.out_proj.bias.abs().max().item(), mha.q_proj.weight.abs().max().item() <= (6 / 48) ** 0.5
+        (0.0, True)
         """
         if self.init == "torch":
             parameter = next(self.parameters())
