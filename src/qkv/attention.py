@@ -300,7 +300,8 @@ def fused_attention(
 
     Dropout on the weights, as during training (here on every call):
 
-    >>> torch.allclose(qkv.fused_attention(q, k, v, dropout_p=0.5), qkv.fused_attention(q, k, v))
+    >>> dropped = qkv.fused_attention(q, k, v, dropout_p=0.5)
+    >>> torch.allclose(dropped, qkv.fused_attention(q, k, v))
     False
     """
     q, k, v, m = check_attention_args(query, key, value, mask, is_causal=is_causal, dropout_p=dropout_p)

@@ -140,11 +140,12 @@ class _MultiHeadBase(nn.Module):
         Examples
         --------
         >>> import torch, qkv
-        >>> mha = qkv.MultiHeadAttention(12, 3, init="torch", device="meta")  # no memory yet
+        >>> mha = qkv.MultiHeadAttention(12, 3, init="torch", device="meta")
         >>> mha = mha.to_empty(device="cpu")  # memory, not yet weights
         >>> mha.reset_parameters()
-        >>> mha.out_proj.bias.abs().max().item(), mha.q_proj.weight.abs().max().item() <= (6 / 48) ** 0.5
-        (0.0, True)
+        >>> bound = (6 / (12 + 3 * 12)) ** 0.5  # Xavier over torch's packed (36, 12)
+        >>> mha.q_proj.weight.abs().max().item() <= bound, mha.q_proj.bias.abs().max().item()
+        (True, 0.0)
         """
         if self.init == "torch":
             parameter = next(self.parameters())
@@ -271,7 +272,7 @@ class _MultiHeadBase(nn.Module):
         >>> import torch, qkv
         >>> mha = qkv.MultiHeadAttention(12, 3)
         >>> x = torch.randn(2, 5, 12)
-        >>> output, weights = mha(x, is_causal=True)  # self-attention, fast path
+        >>> output, weights = mha(x, is_causal=True)  # the fast path
         >>> output.shape, weights
         (torch.Size([2, 5, 12]), None)
         >>> output, weights = mha(x, need_weights=True)
@@ -281,7 +282,8 @@ class _MultiHeadBase(nn.Module):
         torch's key padding mask, True for the padding position of the first sequence:
 
         >>> pad = torch.tensor([[False, False, False, False, True], [False] * 5])
-        >>> _, weights = mha(x, key_padding_mask=pad, need_weights=True, average_attn_weights=True)
+        >>> _, weights = mha(
+        ...     x, key_padding_mask=pad, need_weights=True, average_attn_weights=True)
         >>> weights.shape, weights[0, :, 4].abs().max().item()
         (torch.Size([2, 5, 5]), 0.0)
         """
@@ -491,7 +493,8 @@ class MultiHeadAttention(_MultiHeadBase):
 
     torch's layout and initialisation, parameters in float64:
 
-    >>> mha = qkv.MultiHeadAttention(12, 3, batch_first=False, init="torch", dtype=torch.float64)
+    >>> mha = qkv.MultiHeadAttention(
+    ...     12, 3, batch_first=False, init="torch", dtype=torch.float64)
     >>> out, _ = mha(torch.randn(4, 2, 12, dtype=torch.float64))  # (T, B, embed_dim)
     >>> out.shape, mha.q_proj.bias.abs().max().item()
     (torch.Size([4, 2, 12]), 0.0)
