@@ -343,3 +343,18 @@ def test_bad_new_arguments_are_named(attend):
         attend(q, k, v, dropout_p=1.0)
     with pytest.raises(TypeError, match="dropout_p must be a float, got str"):
         attend(q, k, v, dropout_p="0.1")
+
+
+@pytest.mark.parametrize("attend", [qkv.attention, qkv.fused_attention])
+def test_scale_is_checked(attend):
+    q, k, v = qkv_tensors()
+    with pytest.raises(TypeError, match="scale must be a float or None, got str"):
+        attend(q, k, v, scale="a")
+    for bad in (float("nan"), 0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="scale must be a finite positive number"):
+            attend(q, k, v, scale=bad)
+    import numpy as np
+
+    torch.testing.assert_close(
+        attend(q, k, v, scale=np.float32(0.5), dropout_p=np.float32(0.0)), attend(q, k, v, scale=0.5)
+    )

@@ -152,7 +152,11 @@ def test_forward_errors_name_the_argument_and_the_shapes(module_class):
         ((x, k, v[:, :5]), ValueError, r"value has 5 positions, but the key's length S is 6"),
         ((x, k[:1], v[:1]), ValueError, r"key has 1 sequences in the batch, but the query's batch size is 2"),
         ((x[0], k, v), ValueError, r"query must have 3 dimensions \(B, T, embed_dim\), got shape \(4, 12\)"),
-        ((x.double(), k, v), TypeError, r"query has dtype torch.float64, but the module's parameter "),
+        (
+            (x.double(), k.double(), v.double()),
+            TypeError,
+            r"query has dtype torch.float64, but the module's parameter ",
+        ),
         ((x.long(), k, v), TypeError, r"query must be a floating-point tensor"),
     ]
     for args, error, message in cases:
@@ -520,3 +524,15 @@ def test_hooks_and_replaced_projections_still_run():
     finally:
         handle.remove()
     assert global_seen.count(nn.Linear) == 4  # q, k, v and out projections, each seen by the hook
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_a_mismatch_is_blamed_on_the_input_that_has_it(module_class):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = inputs(torch.float32)
+    with pytest.raises(TypeError, match=r"key has dtype torch\.float64, but query has dtype torch\.float32"):
+        module(x, k.double(), v)
+    with pytest.raises(ValueError, match=r"query is on meta, but the module's parameter .* is on cpu"):
+        module(x.to("meta"), k.to("meta"), v.to("meta"))  # autocast knows no meta device
+    numpy_dropout = module_class(E, H, dropout=__import__("numpy").float32(0.25))
+    assert numpy_dropout.dropout == 0.25

@@ -7,6 +7,8 @@ deep inside a matrix product.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from collections.abc import Sequence
 from typing import SupportsIndex, cast
@@ -182,12 +184,25 @@ def require_mask(
 
 
 def require_dropout(name: str, value: object) -> float:
-    """Return ``value`` as a float if it is a probability in [0, 1), else raise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """Return ``value`` as a float if it is a probability in [0, 1) (NumPy's floats too), else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    if not 0.0 <= value < 1.0:
+    probability = float(value)
+    if not 0.0 <= probability < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
-    return float(value)
+    return probability
+
+
+def require_scale(scale: object) -> float | None:
+    """Return ``scale`` as a float if it is None or a finite positive number, else raise."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    factor = float(scale)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"scale must be a finite positive number, got {scale}")
+    return factor
 
 
 def require_causal_sizes(T: int, S: int) -> None:

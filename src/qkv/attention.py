@@ -24,6 +24,7 @@ from qkv._validation import (
     require_dropout,
     require_mask,
     require_same_dtype_and_device,
+    require_scale,
     require_tensor,
     shape_str,
 )
@@ -215,7 +216,8 @@ def attention(
     ValueError
         For mismatched feature sizes or lengths, leading dimensions that do not
         broadcast, a mask with fewer than 2 dimensions or that does not broadcast
-        to (..., T, S), ``is_causal`` with ``S < T``, or ``dropout_p`` outside [0, 1).
+        to (..., T, S), ``is_causal`` with ``S < T``, ``dropout_p`` outside [0, 1),
+        or a ``scale`` that is not a finite positive number.
 
     See Also
     --------
@@ -243,7 +245,7 @@ def attention(
     True
     """
     q, k, v, m = check_attention_args(query, key, value, mask, is_causal=is_causal, dropout_p=dropout_p)
-    return explicit_attention(q, k, v, m, scale, float(dropout_p), is_causal)
+    return explicit_attention(q, k, v, m, require_scale(scale), float(dropout_p), is_causal)
 
 
 def fused_attention(
@@ -305,4 +307,4 @@ def fused_attention(
     False
     """
     q, k, v, m = check_attention_args(query, key, value, mask, is_causal=is_causal, dropout_p=dropout_p)
-    return fused_attention_unchecked(q, k, v, m, scale, float(dropout_p), is_causal)
+    return fused_attention_unchecked(q, k, v, m, require_scale(scale), float(dropout_p), is_causal)

@@ -348,20 +348,27 @@ class _MultiHeadBase(nn.Module):
         Checked only on failure, so that the happy path costs nothing and autocast,
         which runs float32 weights on lower-precision inputs, keeps working.
         """
-        inputs = {"query": query, "key": key, "value": value}
-        autocast = torch.is_autocast_enabled(query.device.type)
+        try:
+            autocast = torch.is_autocast_enabled(query.device.type)
+        except RuntimeError:  # a device type autocast does not know, such as meta
+            autocast = False
+        # Key and value against the query first, so that a key of another dtype is blamed on the key.
+        for name, x in (("key", key), ("value", value)):
+            if x.device != query.device:
+                raise ValueError(f"{name} is on {x.device}, but query is on {query.device}") from None
+            if x.dtype != query.dtype and not autocast:
+                raise TypeError(f"{name} has dtype {x.dtype}, but query has dtype {query.dtype}") from None
         for name, parameter in self.named_parameters():
-            for input_name, x in inputs.items():
-                if parameter.device != x.device:
-                    raise ValueError(
-                        f"{input_name} is on {x.device}, but the module's parameter {name} is on "
-                        f"{parameter.device}; move one of them with .to()"
-                    ) from None
-                if parameter.dtype != x.dtype and not autocast:
-                    raise TypeError(
-                        f"{input_name} has dtype {x.dtype}, but the module's parameter {name} has "
-                        f"dtype {parameter.dtype}; convert one of them with .to()"
-                    ) from None
+            if parameter.device != query.device:
+                raise ValueError(
+                    f"query is on {query.device}, but the module's parameter {name} is on "
+                    f"{parameter.device}; move one of them with .to()"
+                ) from None
+            if parameter.dtype != query.dtype and not autocast:
+                raise TypeError(
+                    f"query has dtype {query.dtype}, but the module's parameter {name} has "
+                    f"dtype {parameter.dtype}; convert one of them with .to()"
+                ) from None
 
     def _check_heads(self, weights: HeadWeights) -> None:
         if not isinstance(weights, HeadWeights):
@@ -682,7 +689,7 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
     """Multi-head attention as the paper writes it: h heads, each with its own weights.
 
     Each head is an :class:`AttentionHead` with its own ``Linear(d_model, d_k)``
-    for Q and K and ``Linear(vdim, d_v)`` for V; the heads' outputs are
+    for Q, ``Linear(kdim, d_k)`` for K and ``Linear(vdim, d_v)`` for V; the heads' outputs are
     concatenated and projected by ``out_proj`` (W^O). Same interface, same
     parameter count and same function as :class:`MultiHeadAttention`, only
     slower: h small products instead of one large one.
