@@ -134,6 +134,16 @@ def test_correct_modules_pass_every_check(module_class, inputs):
     assert all(r.passed is True for r in report), [r.message for r in report if not r.passed]
 
 
+@pytest.mark.parametrize("num_kv_heads", [2, 1])
+def test_grouped_query_modules_pass_every_check(num_kv_heads, inputs):
+    _, query, key, value, mask = inputs
+    torch.manual_seed(0)
+    module = qkv.MultiHeadAttention(query.shape[-1], 4, kdim=key.shape[-1], vdim=value.shape[-1],
+                                    num_kv_heads=num_kv_heads).to(query.dtype)  # fmt: skip
+    report = run_checks(module, query, key, value, mask=mask)
+    assert all(r.passed is True for r in report), [r.message for r in report if not r.passed]
+
+
 def test_attention_function_with_a_head_axis_passes_every_check():
     generator = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 3, n, d, generator=generator) for n, d in ((5, 4), (7, 4), (7, 6)))

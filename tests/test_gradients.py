@@ -81,10 +81,14 @@ def test_manual_attention_passes_gradcheck():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_multi_head_backward_matches_autograd(bias):
+@pytest.mark.parametrize("num_kv_heads", [6, 3, 1])
+def test_multi_head_backward_matches_autograd(bias, num_kv_heads):
     g = torch.Generator().manual_seed(4)
-    # Non-square on purpose: 3 heads, kdim != vdim != d_model, d_k != d_v, T != S.
-    hw = qkv.HeadWeights.random(12, 3, kdim=10, vdim=7, d_k=5, d_v=2, bias=bias, dtype=DTYPE, generator=g)
+    # Non-square on purpose: 6 heads (sharing 6, 3 or 1 K/V heads), kdim != vdim != d_model,
+    # d_k != d_v, T != S.
+    hw = qkv.HeadWeights.random(
+        12, 6, kdim=10, vdim=7, d_k=5, d_v=2, num_kv_heads=num_kv_heads, bias=bias, dtype=DTYPE, generator=g
+    )
     x, memory, values = leaf(2, 4, 12, generator=g), leaf(2, 6, 10, generator=g), leaf(2, 6, 7, generator=g)
     mask = qkv.padding_mask(torch.tensor([6, 3]), 6)
     trainable = qkv.HeadWeights(

@@ -60,8 +60,10 @@ def test_head_weights_random_shapes_and_properties():
 
 def test_head_weights_validation():
     hw = qkv.HeadWeights.random(12, 3)
-    with pytest.raises(ValueError, match="w_k has 2 heads, but the number of heads in w_q is 3"):
+    with pytest.raises(ValueError, match="w_k has 2 heads, which does not divide the 3 query heads of w_q"):
         qkv.HeadWeights(hw.w_q, hw.w_k[:2], hw.w_v, hw.w_o)
+    with pytest.raises(ValueError, match="w_v has 3 heads, but the number of heads in w_k is 1"):
+        qkv.HeadWeights(hw.w_q, hw.w_k[:1], hw.w_v, hw.w_o)
     with pytest.raises(ValueError, match="w_o has 11 rows, but h·d_v is 12"):
         qkv.HeadWeights(hw.w_q, hw.w_k, hw.w_v, hw.w_o[:11])
     with pytest.raises(ValueError, match="either all biases or none: got b_q but not b_k, b_v, b_o"):

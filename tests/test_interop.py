@@ -188,3 +188,79 @@ def test_keras_output_shape_is_named():
     layer(torch.randn(1, T, E), torch.randn(1, S, E))
     with pytest.raises(ValueError, match=r"output_shape=\(9,\), so its output is not the query's width"):
         interop.from_keras(layer)
+
+
+# --- Hugging Face Llama (grouped-query attention) -------------------------------------------
+
+
+def llama_attention(num_kv_heads, bias=False, implementation="eager", dtype=torch.float64, head_dim=None):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    # 6 query heads of head_dim 4 (so 6·4 != hidden_size = 18: non-square), sharing num_kv_heads K/V heads.
+    config = LlamaConfig(
+        hidden_size=18, num_attention_heads=6, num_key_value_heads=num_kv_heads, head_dim=head_dim or 4,
+        attention_bias=bias, attention_dropout=0.0,
+    )  # fmt: skip
+    config._attn_implementation = implementation
+    torch.manual_seed(0)
+    return LlamaAttention(config, layer_idx=0).to(dtype).eval()
+
+
+@pytest.mark.parametrize("num_kv_heads", [6, 2, 1])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_from_llama_matches_llama_attention_without_rotation(num_kv_heads, bias, implementation):
+    llama = llama_attention(num_kv_heads, bias, implementation)
+    hw = interop.from_llama(llama)
+    assert (hw.num_heads, hw.num_kv_heads, hw.d_k, hw.d_v, hw.bias) == (6, num_kv_heads, 4, 4, bias)
+    ours = qkv.MultiHeadAttention.from_heads(hw)
+    batch, length = 2, 7
+    x_llama = torch.randn(batch, length, 18, dtype=torch.float64)
+    x_ours = x_llama.clone().requires_grad_()
+    x_llama.requires_grad_()
+    # Left padding in the second sequence, and the causal mask: Llama adds a float mask (B, 1, T, T).
+    padding = torch.zeros(batch, length, dtype=torch.bool)
+    padding[1, :2] = True
+    allowed = qkv.causal_mask(length) & ~padding[:, None, None, :]  # (B, 1, T, T)
+    # float32's lowest, not float64's: Llama's eager softmax runs in float32, where float64's is -inf.
+    additive = qkv.additive_mask(allowed, torch.float64).clamp(min=torch.finfo(torch.float32).min)
+    no_rotation = (
+        torch.ones(batch, length, 4, dtype=torch.float64),
+        torch.zeros(batch, length, 4, dtype=torch.float64),
+    )
+    expected, _ = llama(x_llama, position_embeddings=no_rotation, attention_mask=additive)
+    output, _ = ours(x_ours, is_causal=True, key_padding_mask=padding)
+    real = ~padding  # rows of padding queries attend nowhere here; Llama's differ, and nobody reads them
+    torch.testing.assert_close(output[real], expected[real])
+    expected[real].square().sum().backward()
+    output[real].square().sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_llama.grad)
+
+
+def test_from_llama_decodes_with_a_cache_like_llama_recomputing():
+    llama = llama_attention(2)
+    mha = qkv.MultiHeadAttention.from_heads(interop.from_llama(llama))
+    x = torch.randn(1, 6, 18, dtype=torch.float64)
+    no_rotation = (torch.ones(1, 6, 4, dtype=torch.float64), torch.zeros(1, 6, 4, dtype=torch.float64))
+    causal = qkv.additive_mask(qkv.causal_mask(6), torch.float64)[None, None]  # (1, 1, T, T)
+    expected, _ = llama(x, position_embeddings=no_rotation, attention_mask=causal)
+    cache = mha.new_cache(1, 6)
+    with torch.no_grad():
+        steps = [mha(x[:, :3], cache=cache, is_causal=True)[0]]
+        steps += [mha(x[:, t : t + 1], cache=cache)[0] for t in range(3, 6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected)
+    assert cache.keys.shape == (1, 2, 6, 4)  # only Llama's 2 K/V heads are cached
+
+
+def test_from_llama_errors():
+    with pytest.raises(TypeError, match=r"must be a Llama-style attention layer .* got Linear"):
+        interop.from_llama(nn.Linear(3, 3))
+    llama = llama_attention(2, bias=True)
+    llama.o_proj.bias = None
+    with pytest.raises(ValueError, match="only q_proj, k_proj, v_proj of the four projections have a bias"):
+        interop.from_llama(llama)
+    llama = llama_attention(2)
+    llama.scaling = 0.1
+    with pytest.raises(ValueError, match=r"scales its scores by 0.1, not 1/sqrt\(head_dim\)"):
+        interop.from_llama(llama)

@@ -14,6 +14,7 @@ models) and :mod:`qkv.training` (the training loop).
 
 from qkv import checks, data, gradients, interop, models, training
 from qkv.attention import attention, fused_attention
+from qkv.cache import KeyValue, KVCache
 from qkv.heads import HeadWeights, merge_heads, multi_head_attention, split_heads
 from qkv.masks import additive_mask, causal_mask, from_torch_mask, padding_mask
 from qkv.multihead import AttentionHead, MultiHeadAttention, PerHeadMultiHeadAttention
@@ -25,6 +26,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionHead",
     "HeadWeights",
+    "KVCache",
+    "KeyValue",
     "MultiHeadAttention",
     "PerHeadMultiHeadAttention",
     "__version__",

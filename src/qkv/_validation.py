@@ -227,6 +227,7 @@ def require_multi_head_inputs(
     embed_name: str = "embed_dim",
     batch_first: bool = True,
     key_padding_mask: object | None = None,
+    past: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """Check the inputs of a multi-head attention layer and its masks.
 
@@ -234,7 +235,8 @@ def require_multi_head_inputs(
     floating point, or sequence first, (T, B, embed_dim) and so on, when
     ``batch_first`` is False; one batch size; keys and values of one length; a
     mask broadcastable to (B, h, T, S), boolean or of the query's dtype; a key
-    padding mask of shape (B, S). Dtypes and devices of the weights are the
+    padding mask of shape (B, S). With ``past`` keys already cached, the masks
+    cover S = past + the key's length. Dtypes and devices of the weights are the
     caller's to check.
 
     Returns
@@ -257,10 +259,28 @@ def require_multi_head_inputs(
         require_size("key", k, first, q.shape[first], "sequences in the batch", "the query's batch size")
         require_size("value", v, first, q.shape[first], "sequences in the batch", "the query's batch size")
     q, k, v = cast(Tensor, query), cast(Tensor, key), cast(Tensor, value)
-    batch = q.shape[first]
     if not batch_first:
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (B, T, ·), (B, S, ·)
-    T, S = q.shape[1], k.shape[1]
+    m, padding = require_attention_masks(mask, key_padding_mask, q, past + k.shape[1], num_heads, past)
+    return q, k, v, m, padding
+
+
+def require_attention_masks(
+    mask: object | None,
+    key_padding_mask: object | None,
+    query: Tensor,
+    S: int,
+    num_heads: int,
+    past: int = 0,
+) -> tuple[Tensor | None, Tensor | None]:
+    """Check a layer's ``mask`` against (B, h, T, S) and its ``key_padding_mask`` against (B, S).
+
+    ``query`` is batch first, (B, T, features); S counts every key attended to,
+    the ``past`` ones already in a cache included.
+    """
+    layout = f"(B, h, T, S = {past} cached + {S - past} new)" if past else "(B, h, T, S)"
+    q = query
+    batch, T = q.shape[0], q.shape[1]
     m = None
     if mask is not None:
         if isinstance(mask, Tensor) and mask.dim() == 3:
@@ -271,11 +291,11 @@ def require_multi_head_inputs(
                 "mask per sequence (B, T, S) pass mask[:, None] (B, 1, T, S); for one per head "
                 "(h, T, S) pass mask[None] (1, h, T, S)"
             )
-        m = require_mask(mask, (batch, num_heads, T, S), "(B, h, T, S)", q.device, dtype=q.dtype)
+        m = require_mask(mask, (batch, num_heads, T, S), layout, q.device, dtype=q.dtype)
     padding = None
     if key_padding_mask is not None:
-        padding = require_key_padding_mask(key_padding_mask, batch, S, q)
-    return q, k, v, m, padding
+        padding = require_key_padding_mask(key_padding_mask, batch, S, q, past)
+    return m, padding
 
 
 def _multi_head_shapes_fit(
@@ -296,7 +316,9 @@ def _multi_head_shapes_fit(
     )
 
 
-def require_key_padding_mask(key_padding_mask: object, batch: int, S: int, query: Tensor) -> Tensor:
+def require_key_padding_mask(
+    key_padding_mask: object, batch: int, S: int, query: Tensor, past: int = 0
+) -> Tensor:
     """Check a key padding mask of shape (B, S): True (or -inf) marks padding, as in torch."""
     name = "key_padding_mask"
     if not isinstance(key_padding_mask, Tensor):
@@ -310,8 +332,9 @@ def require_key_padding_mask(key_padding_mask: object, batch: int, S: int, query
             f"got dtype {pad.dtype}; for a 0/1 tensor with 1 for padding use {name}.bool()"
         )
     if tuple(pad.shape) != (batch, S):
+        cached = f", with S = {past} cached + {S - past} new keys" if past else ""
         raise ValueError(
-            f"{name} must have shape (B, S) = {shape_str((batch, S))}, got {shape_str(pad.shape)}"
+            f"{name} must have shape (B, S) = {shape_str((batch, S))}{cached}, got {shape_str(pad.shape)}"
         )
     if pad.is_floating_point() and pad.dtype != query.dtype:
         raise TypeError(
@@ -320,6 +343,20 @@ def require_key_padding_mask(key_padding_mask: object, batch: int, S: int, query
     if pad.device != query.device:
         raise ValueError(f"{name} is on {pad.device}, but query is on {query.device}")
     return pad
+
+
+def resolve_kv_heads(num_heads: int, num_kv_heads: object | None) -> int:
+    """Check ``num_kv_heads`` (h_kv) against ``num_heads``; default ``num_heads``."""
+    if num_kv_heads is None:
+        return num_heads
+    h_kv = require_positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % h_kv:
+        raise ValueError(
+            f"num_kv_heads={h_kv} does not divide num_heads={num_heads}: each K/V head serves "
+            f"num_heads / num_kv_heads query heads (1 K/V head is multi-query attention, "
+            f"{num_heads} is multi-head attention)"
+        )
+    return h_kv
 
 
 def resolve_head_sizes(

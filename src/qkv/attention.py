@@ -43,6 +43,10 @@ def _torch_version() -> tuple[int, int]:
 # v2.5.0 release notes). Elsewhere (older torch, other devices) qkv guards such rows itself.
 SDPA_ZEROES_EMPTY_ROWS = _torch_version() >= (2, 5)
 
+# torch 2.5 added enable_gqa to F.scaled_dot_product_attention: fewer K/V heads than query
+# heads, each shared by a group (the repeat_interleave order). Without it, qkv expands K and V.
+SDPA_HAS_GQA = _torch_version() >= (2, 5)
+
 
 def check_attention_args(
     query: object,
@@ -130,8 +134,14 @@ def fused_attention_unchecked(
     scale: float | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    enable_gqa: bool = False,
 ) -> Tensor:
-    """The fused computation, without argument checks (for qkv's own modules)."""
+    """The fused computation, without argument checks (for qkv's own modules).
+
+    ``enable_gqa`` (only where :data:`SDPA_HAS_GQA`): key and value have fewer heads
+    than query, each shared by ``h / h_kv`` consecutive query heads.
+    """
+    gqa = {"enable_gqa": True} if enable_gqa else {}  # older torch does not know the argument
     if is_causal and (mask is not None or query.shape[-2] != key.shape[-2]):
         # SDPA's own is_causal aligns to the top left and takes no other mask: build ours.
         causal = causal_mask_unchecked(query.shape[-2], key.shape[-2], query.device)  # (T, S)
@@ -141,7 +151,7 @@ def fused_attention_unchecked(
     ):
         # The usual case, kept short: it runs once per layer and token when decoding.
         return F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
         )  # (..., T, d_v)
     if mask.is_floating_point() and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)  # autocast: the projections ran in a lower precision
@@ -156,7 +166,7 @@ def fused_attention_unchecked(
             empty = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (..., T, 1)
             mask = mask.masked_fill(empty, 0.0)  # (..., T, S)
     output = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
     )  # (..., T, d_v)
     return output if empty is None else output.masked_fill(empty, 0.0)  # (..., T, d_v)
 

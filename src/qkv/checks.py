@@ -769,7 +769,8 @@ def check_heads_independent(
             changed_module = copy.deepcopy(module)
             per_head = changed_module.to_heads()
             per_head.w_q[head] += _noise(per_head.w_q[head], generator)  # (d_model, d_k)
-            per_head.w_k[head] += _noise(per_head.w_k[head], generator)  # (kdim, d_k)
+            if per_head.num_kv_heads == per_head.num_heads:  # a shared K/V head belongs to its whole group
+                per_head.w_k[head] += _noise(per_head.w_k[head], generator)  # (kdim, d_k)
             changed_module.load_heads(per_head)
             changed_output, changed_weights = _call(changed_module, q, k, v, m)
             pairs = [("the other heads' weights", changed_weights, weights, ("query", "key"))]

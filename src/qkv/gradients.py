@@ -41,6 +41,7 @@ from qkv.attention import explicit_attention
 from qkv.heads import (
     HeadWeights,
     check_multi_head_args,
+    expand_kv_heads,
     multi_head_forward_unchecked,
     split_heads_unchecked,
 )
@@ -211,9 +212,15 @@ def _multi_head_backward(
     grad_concat = grad @ w.w_o.T  # (B, T, h·d_v)
     grad_heads = split_heads_unchecked(grad_concat, w.num_heads)  # (B, h, T, d_v)
     scale = 1.0 / math.sqrt(w.d_k)
+    h, h_kv = w.num_heads, w.num_kv_heads
     grad_qh, grad_kh, grad_vh = _attention_backward(
-        q_heads, k_heads, v_heads, grad_heads, mask, scale
+        q_heads, expand_kv_heads(k_heads, h), expand_kv_heads(v_heads, h), grad_heads, mask, scale
     )  # (B, h, T, d_k), (B, h, S, d_k), (B, h, S, d_v)
+    if h_kv != h:
+        # Gradients add where a value is used twice: each K/V head serves its group of query heads.
+        batch, _, source, _ = grad_kh.shape
+        grad_kh = grad_kh.view(batch, h_kv, h // h_kv, source, -1).sum(dim=2)  # (B, h_kv, S, d_k)
+        grad_vh = grad_vh.view(batch, h_kv, h // h_kv, source, -1).sum(dim=2)  # (B, h_kv, S, d_v)
     grad_query, grad_w_q, grad_b_q = _project_backward(q, w.w_q, grad_qh)
     grad_key, grad_w_k, grad_b_k = _project_backward(k, w.w_k, grad_kh)
     grad_value, grad_w_v, grad_b_v = _project_backward(v, w.w_v, grad_vh)

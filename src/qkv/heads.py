@@ -29,6 +29,7 @@ from qkv._validation import (
     require_size,
     require_tensor,
     resolve_head_sizes,
+    resolve_kv_heads,
     shape_str,
 )
 from qkv.attention import explicit_attention
@@ -82,6 +83,22 @@ def split_heads_unchecked(x: Tensor, num_heads: int) -> Tensor:
     return x.view(batch, length, num_heads, features // num_heads).transpose(1, 2)  # (B, h, L, d)
 
 
+def expand_kv_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Copy each K or V head to every query head of its group: (B, h_kv, S, d) -> (B, h, S, d).
+
+    Grouped-query attention gives K/V head ``j`` to query heads
+    ``j·g, ..., j·g + g - 1`` with ``g = h / h_kv``: the order of
+    ``repeat_interleave``, as in ``F.scaled_dot_product_attention(enable_gqa=True)``
+    and Hugging Face's ``repeat_kv``. No arguments are checked (for qkv's own code).
+    """
+    groups = num_heads // x.shape[-3]
+    if groups == 1:
+        return x
+    batch, kv_heads, length, dim = x.shape
+    expanded = x[:, :, None].expand(batch, kv_heads, groups, length, dim)  # (B, h_kv, g, S, d)
+    return expanded.reshape(batch, num_heads, length, dim)  # (B, h, S, d)
+
+
 def merge_heads(x: Tensor) -> Tensor:
     """Concatenate heads back into features: ``(B, h, L, d) -> (B, L, h·d)``.
 
@@ -127,15 +144,20 @@ class HeadWeights:
     ``output = Concat(head_1, ..., head_h) W^O + b^O``. (``nn.Linear`` stores the
     transpose: its ``weight`` has shape (out, in).)
 
+    Grouped-query attention has fewer K/V heads than query heads: ``w_k`` and
+    ``w_v`` hold ``h_kv`` heads, h_kv dividing h, and query head ``i`` uses K/V
+    head ``i // (h / h_kv)``. ``h_kv = 1`` is multi-query attention; ``h_kv = h``
+    is the paper's multi-head attention.
+
     Attributes
     ----------
     w_q : Tensor, shape (h, d_model, d_k)
-    w_k : Tensor, shape (h, kdim, d_k)
-    w_v : Tensor, shape (h, vdim, d_v)
+    w_k : Tensor, shape (h_kv, kdim, d_k)
+    w_v : Tensor, shape (h_kv, vdim, d_v)
     w_o : Tensor, shape (h·d_v, d_model)
     b_q : Tensor, shape (h, d_k), or None when the layer has no bias
-    b_k : Tensor, shape (h, d_k), or None
-    b_v : Tensor, shape (h, d_v), or None
+    b_k : Tensor, shape (h_kv, d_k), or None
+    b_v : Tensor, shape (h_kv, d_v), or None
     b_o : Tensor, shape (d_model,), or None
 
     See Also
@@ -151,6 +173,12 @@ class HeadWeights:
     >>> hw = qkv.HeadWeights.random(embed_dim=12, num_heads=3, kdim=10, vdim=7)
     >>> hw.w_q.shape, hw.w_k.shape, hw.w_v.shape, hw.w_o.shape
     (torch.Size([3, 12, 4]), torch.Size([3, 10, 4]), torch.Size([3, 7, 4]), torch.Size([12, 12]))
+
+    Grouped-query attention, 4 query heads sharing 2 K/V heads:
+
+    >>> hw = qkv.HeadWeights.random(embed_dim=16, num_heads=4, num_kv_heads=2)
+    >>> hw.w_q.shape, hw.w_k.shape, hw.num_kv_heads
+    (torch.Size([4, 16, 4]), torch.Size([2, 16, 4]), 2)
     """
 
     w_q: Tensor
@@ -169,13 +197,18 @@ class HeadWeights:
         w_o = require_tensor("w_o", self.w_o, ndim=2, layout="(h·d_v, d_model)")
         require_same_dtype_and_device({"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o})
         h, d_model, d_k = w_q.shape
-        d_v = w_v.shape[2]
-        require_size("w_k", w_k, 0, h, "heads", "the number of heads in w_q")
-        require_size("w_v", w_v, 0, h, "heads", "the number of heads in w_q")
+        h_kv, d_v = w_k.shape[0], w_v.shape[2]
+        if h % h_kv:
+            raise ValueError(
+                f"w_k has {h_kv} heads, which does not divide the {h} query heads of w_q: each "
+                f"K/V head serves h / h_kv query heads (w_q {shape_str(w_q.shape)}, "
+                f"w_k {shape_str(w_k.shape)})"
+            )
+        require_size("w_v", w_v, 0, h_kv, "heads", "the number of heads in w_k")
         require_size("w_k", w_k, 2, d_k, "features per head", "d_k from w_q")
         require_size("w_o", w_o, 0, h * d_v, "rows", "h·d_v")
         require_size("w_o", w_o, 1, d_model, "columns", "d_model from w_q")
-        biases = {"b_q": (h, d_k), "b_k": (h, d_k), "b_v": (h, d_v), "b_o": (d_model,)}
+        biases = {"b_q": (h, d_k), "b_k": (h_kv, d_k), "b_v": (h_kv, d_v), "b_o": (d_model,)}
         present = [name for name in biases if getattr(self, name) is not None]
         if present and len(present) != len(biases):
             missing = [name for name in biases if name not in present]
@@ -194,6 +227,11 @@ class HeadWeights:
     def num_heads(self) -> int:
         """h, the number of heads."""
         return self.w_q.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        """h_kv, the number of K/V heads (h_kv < h for grouped-query attention)."""
+        return self.w_k.shape[0]
 
     @property
     def embed_dim(self) -> int:
@@ -238,6 +276,33 @@ class HeadWeights:
         changed: dict[str, Any] = {name: None if t is None else function(t) for name, t in tensors.items()}
         return replace(self, **changed)
 
+    def expand_kv_heads(self) -> HeadWeights:
+        """The same layer with one K/V head per query head: each shared head copied into its group.
+
+        Grouped-query attention computes exactly what multi-head attention computes
+        with these weights, at ``h / h_kv`` times the K/V projection and cache; the
+        form that ``torch.nn.MultiheadAttention`` and
+        :class:`PerHeadMultiHeadAttention` can hold. A copy when ``h_kv == h``.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> hw = qkv.HeadWeights.random(16, 4, num_kv_heads=2)
+        >>> full = hw.expand_kv_heads()
+        >>> full.w_k.shape, torch.equal(full.w_k[1], hw.w_k[0]), torch.equal(full.w_k[2], hw.w_k[1])
+        (torch.Size([4, 16, 4]), True, True)
+        """
+        groups = self.num_heads // self.num_kv_heads
+
+        def expand(x: Tensor) -> Tensor:
+            return x.detach().repeat_interleave(groups, dim=0)  # (h, ...)
+
+        return replace(
+            self.detach(), w_k=expand(self.w_k), w_v=expand(self.w_v),
+            b_k=None if self.b_k is None else expand(self.b_k),
+            b_v=None if self.b_v is None else expand(self.b_v),
+        )  # fmt: skip
+
     def to(self, *args: Any, **kwargs: Any) -> HeadWeights:
         """Return a copy with every tensor moved by ``Tensor.to(*args, **kwargs)``."""
         return self._map(lambda t: t.to(*args, **kwargs))
@@ -256,6 +321,7 @@ class HeadWeights:
         vdim: int | None = None,
         d_k: int | None = None,
         d_v: int | None = None,
+        num_kv_heads: int | None = None,
         bias: bool = True,
         init: str = "linear",
         dtype: torch.dtype = torch.float32,
@@ -281,6 +347,8 @@ class HeadWeights:
             Feature sizes of the key and value inputs; default ``embed_dim``.
         d_k, d_v : int, optional
             Per-head sizes; default ``embed_dim // num_heads`` (which must then divide).
+        num_kv_heads : int, optional
+            h_kv, the number of K/V heads, dividing ``num_heads``; default ``num_heads``.
         bias : bool
             Whether to include biases.
         init : {"linear", "torch"}
@@ -303,6 +371,7 @@ class HeadWeights:
         embed_dim, num_heads, kdim, vdim, d_k, d_v = resolve_head_sizes(
             embed_dim, num_heads, kdim, vdim, d_k, d_v
         )
+        h_kv = resolve_kv_heads(num_heads, num_kv_heads)
         if init not in ("linear", "torch"):
             raise ValueError(f'init must be "linear" or "torch", got {init!r}')
 
@@ -316,10 +385,10 @@ class HeadWeights:
         # The bound is 1/divisor: nn.Linear's 1/sqrt(fan_in), or Xavier's sqrt(6/(fan_in + fan_out)).
         if init == "linear":
             divisors = {name: n**0.5 for name, n in fan_in.items()}
-        elif kdim == vdim == embed_dim and d_k == d_v:  # torch's packed in_proj_weight
+        elif kdim == vdim == embed_dim and d_k == d_v and h_kv == h:  # torch's packed in_proj_weight
             divisors = dict.fromkeys(fan_in, ((embed_dim + 3 * h * d_k) / 6) ** 0.5)
         else:  # torch's separate q_proj_weight, k_proj_weight, v_proj_weight
-            fan_out = {"q": h * d_k, "k": h * d_k, "v": h * d_v}
+            fan_out = {"q": h * d_k, "k": h_kv * d_k, "v": h_kv * d_v}
             divisors = {name: ((n + fan_out[name]) / 6) ** 0.5 for name, n in fan_in.items()}
 
         def bias_of(shape: tuple[int, ...], fan_in: int) -> Tensor | None:
@@ -331,12 +400,12 @@ class HeadWeights:
 
         return cls(
             w_q=uniform((h, embed_dim, d_k), divisors["q"]),
-            w_k=uniform((h, kdim, d_k), divisors["k"]),
-            w_v=uniform((h, vdim, d_v), divisors["v"]),
+            w_k=uniform((h_kv, kdim, d_k), divisors["k"]),
+            w_v=uniform((h_kv, vdim, d_v), divisors["v"]),
             w_o=uniform((h * d_v, embed_dim), (h * d_v) ** 0.5),
             b_q=bias_of((h, d_k), embed_dim),
-            b_k=bias_of((h, d_k), kdim),
-            b_v=bias_of((h, d_v), vdim),
+            b_k=bias_of((h_kv, d_k), kdim),
+            b_v=bias_of((h_kv, d_v), vdim),
             b_o=bias_of((embed_dim,), h * d_v),
         )
 
@@ -366,7 +435,9 @@ def multi_head_attention(
 
     ``head_i = softmax(Q_i K_iᵀ / sqrt(d_k)) V_i`` with ``Q_i = query W_i^Q + b_i^Q``
     (and likewise K_i, V_i), then ``Concat(head_1, ..., head_h) W^O + b^O``.
-    A reference implementation: clear rather than fast.
+    A reference implementation: clear rather than fast. With grouped-query
+    weights (``weights.num_kv_heads < num_heads``), head i uses K/V head
+    ``i // (h / h_kv)``.
 
     Parameters
     ----------
@@ -414,8 +485,8 @@ class MultiHeadParts(NamedTuple):
     output: Tensor  # (B, T, d_model)
     weights: Tensor  # (B, h, T, S)
     q_heads: Tensor  # (B, h, T, d_k): Q_i = query W_i^Q + b_i^Q
-    k_heads: Tensor  # (B, h, S, d_k)
-    v_heads: Tensor  # (B, h, S, d_v)
+    k_heads: Tensor  # (B, h_kv, S, d_k), one per K/V head
+    v_heads: Tensor  # (B, h_kv, S, d_v)
     concat: Tensor  # (B, T, h·d_v): Concat(head_1, ..., head_h)
 
 
@@ -424,9 +495,12 @@ def multi_head_forward_unchecked(
 ) -> MultiHeadParts:
     """:func:`multi_head_attention` without argument checks, keeping every step."""
     q_heads = project_heads(query, w.w_q, w.b_q)  # (B, h, T, d_k)
-    k_heads = project_heads(key, w.w_k, w.b_k)  # (B, h, S, d_k)
-    v_heads = project_heads(value, w.w_v, w.b_v)  # (B, h, S, d_v)
-    heads, weights = explicit_attention(q_heads, k_heads, v_heads, mask)  # (B, h, T, d_v)
+    k_heads = project_heads(key, w.w_k, w.b_k)  # (B, h_kv, S, d_k)
+    v_heads = project_heads(value, w.w_v, w.b_v)  # (B, h_kv, S, d_v)
+    h = w.num_heads
+    heads, weights = explicit_attention(
+        q_heads, expand_kv_heads(k_heads, h), expand_kv_heads(v_heads, h), mask
+    )  # (B, h, T, d_v)
     concat = merge_heads_unchecked(heads)  # (B, T, h·d_v)
     output = concat @ w.w_o  # (B, T, d_model)
     if w.b_o is not None:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from qkv.heads import HeadWeights
 
-__all__ = ["from_bert", "from_keras", "from_torch", "to_torch"]
+__all__ = ["from_bert", "from_keras", "from_llama", "from_torch", "to_torch"]
 
 
 def _cut_rows(weight: Tensor, num_heads: int) -> Tensor:
@@ -139,6 +139,12 @@ def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadA
         raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
     w = weights
     h, embed_dim = w.num_heads, w.embed_dim
+    if w.num_kv_heads != h:
+        raise ValueError(
+            f"torch.nn.MultiheadAttention has one K/V head per query head, but the weights share "
+            f"{w.num_kv_heads} K/V heads among {h} query heads; convert weights.expand_kv_heads(), "
+            "the same layer with each K/V head copied into its group"
+        )
     if not (w.d_k == w.d_v and w.d_k * h == embed_dim):
         raise ValueError(
             "torch.nn.MultiheadAttention needs d_k == d_v == embed_dim / num_heads, got "
@@ -300,4 +306,87 @@ def from_keras(layer: Any) -> HeadWeights:
         b_k=tensor(layer.key_dense.bias) if bias else None,  # (h, d_k)
         b_v=tensor(layer.value_dense.bias) if bias else None,  # (h, d_v)
         b_o=tensor(layer.output_dense.bias) if bias else None,  # (d_model,)
+    )
+
+
+def from_llama(module: Any) -> HeadWeights:
+    """Read a Hugging Face ``LlamaAttention``'s weights as per-head, grouped-query weights.
+
+    Llama shares each K/V head among ``num_attention_heads / num_key_value_heads``
+    query heads (grouped-query attention): ``k_proj`` and ``v_proj`` have
+    ``num_key_value_heads · head_dim`` outputs, and ``o_proj`` is W^O. The
+    result has ``num_kv_heads = num_key_value_heads``, and
+    ``qkv.MultiHeadAttention.from_heads`` holds it.
+
+    Llama also rotates Q and K by rotary position embeddings (RoPE) inside its
+    forward pass; qkv's modules do not (yet). The two compute the same function
+    when the rotation is switched off, by passing ``cos = 1`` and ``sin = 0`` as
+    Llama's ``position_embeddings``: that is what the example and the tests check.
+    A Llama layer with real rotary embeddings gives other outputs.
+
+    Parameters
+    ----------
+    module : transformers.models.llama.modeling_llama.LlamaAttention
+        Or any module with the same layout (``q_proj``, ``k_proj``, ``v_proj``,
+        ``o_proj``, ``head_dim``, ``config.num_attention_heads`` and
+        ``config.num_key_value_heads``), e.g. Mistral's; biases all or none,
+        scaling ``head_dim ** -0.5``.
+
+    Returns
+    -------
+    HeadWeights
+        ``w_q`` (h, hidden, head_dim), ``w_k`` and ``w_v`` (h_kv, hidden, head_dim),
+        ``w_o`` (h·head_dim, hidden).
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> from transformers import LlamaConfig
+    >>> from transformers.models.llama.modeling_llama import LlamaAttention
+    >>> config = LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2)
+    >>> config._attn_implementation = "eager"
+    >>> llama = LlamaAttention(config, layer_idx=0).eval()
+    >>> hw = qkv.interop.from_llama(llama)
+    >>> hw.num_heads, hw.num_kv_heads, hw.d_k
+    (4, 2, 4)
+    >>> x = torch.randn(2, 5, 16)
+    >>> no_rotation = (torch.ones(2, 5, 4), torch.zeros(2, 5, 4))  # cos = 1, sin = 0
+    >>> causal = torch.full((5, 5), float("-inf")).triu(1)[None, None]  # (1, 1, T, T), added
+    >>> expected, _ = llama(x, position_embeddings=no_rotation, attention_mask=causal)
+    >>> output, _ = qkv.MultiHeadAttention.from_heads(hw)(x, is_causal=True)
+    >>> torch.allclose(output, expected, atol=1e-6)
+    True
+    """
+    config = getattr(module, "config", None)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")
+    if config is None or not all(hasattr(module, n) for n in names):
+        raise TypeError(
+            "module must be a Llama-style attention layer with q_proj, k_proj, v_proj, o_proj, "
+            f"head_dim and config, got {type(module).__name__}"
+        )
+    h, h_kv = int(config.num_attention_heads), int(config.num_key_value_heads)
+    head_dim = int(module.head_dim)
+    scaling = getattr(module, "scaling", head_dim**-0.5)
+    if abs(scaling - head_dim**-0.5) > 1e-12 * head_dim**-0.5:
+        raise ValueError(
+            f"module scales its scores by {scaling}, not 1/sqrt(head_dim) = {head_dim**-0.5}; "
+            "qkv's modules scale by 1/sqrt(d_k)"
+        )
+    projections = [module.q_proj, module.k_proj, module.v_proj, module.o_proj]
+    with_bias = [p.bias is not None for p in projections]
+    if any(with_bias) and not all(with_bias):
+        present = [n for n, b in zip(("q_proj", "k_proj", "v_proj", "o_proj"), with_bias, strict=True) if b]
+        raise ValueError(
+            f"only {', '.join(present)} of the four projections have a bias; HeadWeights holds all or none"
+        )
+    bias = all(with_bias)
+    return HeadWeights(
+        w_q=_cut_rows(module.q_proj.weight, h),  # (h, hidden, head_dim)
+        w_k=_cut_rows(module.k_proj.weight, h_kv),  # (h_kv, hidden, head_dim)
+        w_v=_cut_rows(module.v_proj.weight, h_kv),  # (h_kv, hidden, head_dim)
+        w_o=module.o_proj.weight.detach().T.clone(),  # (h·head_dim, hidden)
+        b_q=_cut_bias(module.q_proj.bias, h) if bias else None,
+        b_k=_cut_bias(module.k_proj.bias, h_kv) if bias else None,
+        b_v=_cut_bias(module.v_proj.bias, h_kv) if bias else None,
+        b_o=module.o_proj.bias.detach().clone() if bias else None,
     )

@@ -24,7 +24,7 @@ The chapter "One big W^Q or one per head?" (book/heads.ipynb).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -37,15 +37,21 @@ else:  # pragma: no cover - torch itself depends on typing_extensions
     from typing_extensions import Self
 
 from qkv._validation import (
+    require_attention_masks,
     require_bool,
     require_causal_sizes,
     require_dropout,
     require_multi_head_inputs,
     require_positive_int,
+    require_size,
+    require_tensor,
     resolve_head_sizes,
+    resolve_kv_heads,
+    shape_str,
 )
-from qkv.attention import explicit_attention, fused_attention_unchecked
-from qkv.heads import HeadWeights, merge_heads_unchecked, split_heads_unchecked
+from qkv.attention import SDPA_HAS_GQA, explicit_attention, fused_attention_unchecked
+from qkv.cache import KeyValue, KVCache
+from qkv.heads import HeadWeights, expand_kv_heads, merge_heads_unchecked, split_heads_unchecked
 from qkv.masks import key_padding_to_mask, merge_masks
 
 __all__ = ["AttentionHead", "MultiHeadAttention", "PerHeadMultiHeadAttention"]
@@ -78,8 +84,19 @@ def project(layer: nn.Module, x: Tensor) -> Tensor:
 INITS = ("linear", "torch")
 
 
+def _autocast_enabled(device: torch.device) -> bool:
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type autocast does not know, such as meta
+        return False
+
+
 class _MultiHeadBase(nn.Module):
     """What the two multi-head modules share: sizes, the forward contract, conversions."""
+
+    # Whether the module computes from K/V heads of its own (grouped-query attention,
+    # a cache, precomputed keys and values): MultiHeadAttention does, the per-head module not.
+    _inference_features = False
 
     def __init__(
         self,
@@ -94,10 +111,12 @@ class _MultiHeadBase(nn.Module):
         dropout: float = 0.0,
         batch_first: bool = True,
         init: str = "linear",
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         sizes = resolve_head_sizes(embed_dim, num_heads, kdim, vdim, d_k, d_v)
         self.embed_dim, self.num_heads, self.kdim, self.vdim, self.d_k, self.d_v = sizes
+        self.num_kv_heads = resolve_kv_heads(self.num_heads, num_kv_heads)
         self.bias = require_bool("bias", bias)
         self.dropout = require_dropout("dropout", dropout)
         self.batch_first = require_bool("batch_first", batch_first)
@@ -107,6 +126,8 @@ class _MultiHeadBase(nn.Module):
 
     def extra_repr(self) -> str:
         sizes = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+        if self.num_kv_heads != self.num_heads:
+            sizes += f", num_kv_heads={self.num_kv_heads}"
         if (self.kdim, self.vdim) != (self.embed_dim, self.embed_dim):
             sizes += f", kdim={self.kdim}, vdim={self.vdim}"
         sizes += f", d_k={self.d_k}, d_v={self.d_v}"
@@ -157,6 +178,7 @@ class _MultiHeadBase(nn.Module):
                     vdim=self.vdim,
                     d_k=self.d_k,
                     d_v=self.d_v,
+                    num_kv_heads=self.num_kv_heads,
                     bias=self.bias,
                     init="torch",
                     dtype=parameter.dtype,
@@ -180,6 +202,8 @@ class _MultiHeadBase(nn.Module):
         need_weights: Literal[False] = ...,
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
+        cache: KVCache | None = ...,
+        key_value: KeyValue | None = ...,
     ) -> tuple[Tensor, None]: ...
 
     @overload
@@ -194,6 +218,8 @@ class _MultiHeadBase(nn.Module):
         need_weights: Literal[True],
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
+        cache: KVCache | None = ...,
+        key_value: KeyValue | None = ...,
     ) -> tuple[Tensor, Tensor]: ...
 
     @overload
@@ -208,6 +234,8 @@ class _MultiHeadBase(nn.Module):
         need_weights: bool,
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
+        cache: KVCache | None = ...,
+        key_value: KeyValue | None = ...,
     ) -> tuple[Tensor, Tensor | None]: ...
 
     def forward(
@@ -221,6 +249,8 @@ class _MultiHeadBase(nn.Module):
         need_weights: bool = False,
         average_attn_weights: bool = False,
         is_causal: bool = False,
+        cache: KVCache | None = None,
+        key_value: KeyValue | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value``; always returns ``(output, weights)``.
 
@@ -257,6 +287,20 @@ class _MultiHeadBase(nn.Module):
             Add a causal mask aligned to the **bottom right** (query i sees key j
             when ``j <= i + S - T``; see :func:`qkv.attention`). With ``T == S``
             it is the usual lower triangle and the fused kernel's causal mode runs.
+            With a ``cache``, S counts the cached keys too, so the new tokens see
+            every earlier one: a chunk (prefill) and single steps alike.
+        cache : KVCache, optional
+            (:class:`MultiHeadAttention` only.) Keys and values of earlier tokens:
+            the new ones (from ``key`` and ``value``, by default the query) are
+            projected, appended to it, and the query attends to all of them. Masks
+            then cover S = ``cache.length`` before the call + the new keys; for a
+            left-padded batch, pass the growing ``key_padding_mask`` at every call.
+            See :meth:`MultiHeadAttention.new_cache`.
+        key_value : KeyValue, optional
+            (:class:`MultiHeadAttention` only.) Keys and values already projected,
+            from :meth:`MultiHeadAttention.project_key_value`, used instead of
+            ``key`` and ``value`` (which must then be None): cross-attention's K and
+            V, computed once per source.
 
         Returns
         -------
@@ -287,14 +331,13 @@ class _MultiHeadBase(nn.Module):
         >>> weights.shape, weights[0, :, 4].abs().max().item()
         (torch.Size([2, 5, 5]), 0.0)
         """
-        key = query if key is None else key
-        value = key if value is None else value
         q, k, v, m = self._check_forward(
-            query, key, value, mask, key_padding_mask, need_weights, average_attn_weights, is_causal
-        )
+            query, key, value, mask, key_padding_mask, need_weights, average_attn_weights, is_causal,
+            cache, key_value,
+        )  # fmt: skip
         dropout_p = self.dropout if self.training else 0.0
         try:
-            output, weights = self._attend(q, k, v, m, need_weights, dropout_p, is_causal)
+            output, weights = self._attend(q, k, v, m, need_weights, dropout_p, is_causal, cache, key_value)
         except RuntimeError as error:
             self._explain_failure(q, k, v)
             raise error
@@ -308,79 +351,191 @@ class _MultiHeadBase(nn.Module):
         __call__ = forward
 
     def _attend(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-        need_weights: bool, dropout_p: float, is_causal: bool,
+        self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None,
+        need_weights: bool, dropout_p: float, is_causal: bool, cache: KVCache | None,
+        key_value: KeyValue | None,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-        """The computation on checked, batch-first inputs: (B, T, E) and (B, h, T, S) or None."""
+        """The computation on checked, batch-first inputs: (B, T, E) and (B, h, T, S) or None.
+
+        ``key`` and ``value`` are None exactly when ``key_value`` is given.
+        """
         raise NotImplementedError
 
     def _check_forward(
         self,
         query: object,
-        key: object,
-        value: object,
+        key: object | None,
+        value: object | None,
         mask: object | None,
         key_padding_mask: object | None,
         need_weights: object,
         average_attn_weights: object,
         is_causal: object,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        cache: object | None = None,
+        key_value: object | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """Validate forward's arguments once, at the boundary; one mask, batch-first inputs."""
-        q, k, v, m, padding = require_multi_head_inputs(
-            query, key, value, mask, num_heads=self.num_heads, embed_dim=self.embed_dim,
-            kdim=self.kdim, vdim=self.vdim, batch_first=self.batch_first,
-            key_padding_mask=key_padding_mask,
-        )  # fmt: skip
+        if (cache is not None or key_value is not None) and not self._inference_features:
+            name = "cache" if cache is not None else "key_value"
+            raise TypeError(
+                f"{type(self).__name__} does not take {name}: its heads project keys and values "
+                "each on their own; use MultiHeadAttention (qkv.MultiHeadAttention.from_heads("
+                "module.to_heads()) holds the same weights)"
+            )
+        k: Tensor | None
+        v: Tensor | None
+        if key_value is not None:
+            if key is not None or value is not None:
+                raise ValueError(
+                    "pass key_value (keys and values already projected) or key and value, not both"
+                )
+            if cache is not None:
+                raise ValueError(
+                    "cache and key_value do not combine: a cache grows with the tokens it is given, "
+                    "key_value is fixed (e.g. an encoder's keys and values)"
+                )
+            q = self._check_query(query)
+            keys = self._check_key_value(key_value, q)
+            S = keys.shape[2]
+            m, padding = require_attention_masks(mask, key_padding_mask, q, S, self.num_heads)
+            k = v = None
+        else:
+            key = query if key is None else key
+            value = key if value is None else value
+            past = 0
+            if cache is not None:
+                past = self._check_cache(cache, query, key)
+            q, k, v, m, padding = require_multi_head_inputs(
+                query, key, value, mask, num_heads=self.num_heads, embed_dim=self.embed_dim,
+                kdim=self.kdim, vdim=self.vdim, batch_first=self.batch_first,
+                key_padding_mask=key_padding_mask, past=past,
+            )  # fmt: skip
+            S = past + k.shape[1]
         flags = (need_weights, average_attn_weights, is_causal)
         if not all(type(flag) is bool for flag in flags):  # the usual case in one test
             require_bool("need_weights", need_weights)
             require_bool("average_attn_weights", average_attn_weights)
             require_bool("is_causal", is_causal)
         if is_causal:
-            require_causal_sizes(q.shape[1], k.shape[1])
+            require_causal_sizes(q.shape[1], S)
         if padding is not None:
             m = merge_masks(m, key_padding_to_mask(padding), q.dtype)  # (B, h or 1, T or 1, S)
         return q, k, v, m
 
-    def _explain_failure(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+    def _check_query(self, query: object) -> Tensor:
+        """The query alone, (B, T, embed_dim) batch first (for ``key_value``)."""
+        lead = "(B, T" if self.batch_first else "(T, B"
+        q = require_tensor("query", query, ndim=3, layout=f"{lead}, embed_dim)")
+        require_size("query", q, 2, self.embed_dim, "features", "embed_dim")
+        return q if self.batch_first else q.transpose(0, 1)  # (B, T, embed_dim)
+
+    def _check_key_value(self, key_value: object, query: Tensor) -> Tensor:
+        """Precomputed (keys, values) against this module and the (batch-first) query; returns keys."""
+        if not (
+            isinstance(key_value, tuple)
+            and len(key_value) == 2
+            and all(isinstance(x, Tensor) for x in key_value)
+        ):
+            raise TypeError(
+                "key_value must be a KeyValue (keys, values) of tensors, as "
+                f"MultiHeadAttention.project_key_value returns, got {type(key_value).__name__}"
+            )
+        keys, values = cast("tuple[Tensor, Tensor]", key_value)
+        batch, h_kv = query.shape[0], self.num_kv_heads
+        for name, x, dim, d in (("keys", keys, "d_k", self.d_k), ("values", values, "d_v", self.d_v)):
+            if x.dim() != 4 or (x.shape[0], x.shape[1], x.shape[3]) != (batch, h_kv, d):
+                raise ValueError(
+                    f"key_value.{name} must have shape (B, h_kv, S, {dim}) = ({batch}, {h_kv}, S, {d}) "
+                    f"for this module and a batch of {batch}, got {shape_str(x.shape)}"
+                )
+            if not x.is_floating_point():
+                raise TypeError(f"key_value.{name} must be a floating-point tensor, got dtype {x.dtype}")
+            if x.device != query.device:
+                raise ValueError(f"key_value.{name} is on {x.device}, but query is on {query.device}")
+            if x.dtype != query.dtype and not _autocast_enabled(query.device):
+                raise TypeError(f"key_value.{name} has dtype {x.dtype}, but query has dtype {query.dtype}")
+        if keys.shape[2] != values.shape[2]:
+            raise ValueError(
+                f"key_value.keys have {keys.shape[2]} positions, but key_value.values have "
+                f"{values.shape[2]}: keys and values come in pairs"
+            )
+        return keys
+
+    def _check_cache(self, cache: object, query: object, key: object) -> int:
+        """A cache that fits this module, the batch and the new tokens; returns its length."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a qkv.KVCache, got {type(cache).__name__}")
+        if not (isinstance(query, Tensor) and isinstance(key, Tensor) and query.dim() == key.dim() == 3):
+            return cache.length  # the input checks say what is wrong
+        batch, new = (key.shape[0], key.shape[1]) if self.batch_first else (key.shape[1], key.shape[0])
+        needed = {"batch_size": batch, "num_kv_heads": self.num_kv_heads, "d_k": self.d_k, "d_v": self.d_v}
+        got = {"batch_size": cache.batch_size, "num_kv_heads": cache.num_kv_heads,
+               "d_k": cache.d_k, "d_v": cache.d_v}  # fmt: skip
+        if got != needed:
+            name = next(name for name in needed if got[name] != needed[name])
+            whose = "the batch" if name == "batch_size" else "this module"
+            raise ValueError(
+                f"cache has {name}={got[name]}, but {whose} needs {needed[name]}: the cache was made for "
+                "another module or batch (module.new_cache(batch_size, max_length) makes one that fits)"
+            )
+        if cache.device != query.device:
+            raise ValueError(f"cache is on {cache.device}, but query is on {query.device}")
+        cache.require_room(new)
+        return cache.length
+
+    def _explain_failure(
+        self, query: Tensor, key: Tensor | None, value: Tensor | None, first: str = "query"
+    ) -> None:
         """After torch failed inside forward: if a parameter does not match the inputs, say which.
 
         Checked only on failure, so that the happy path costs nothing and autocast,
-        which runs float32 weights on lower-precision inputs, keeps working.
+        which runs float32 weights on lower-precision inputs, keeps working. ``first``
+        names the input passed as ``query`` (``"key"`` for :meth:`project_key_value`).
         """
-        try:
-            autocast = torch.is_autocast_enabled(query.device.type)
-        except RuntimeError:  # a device type autocast does not know, such as meta
-            autocast = False
+        autocast = _autocast_enabled(query.device)
         # Key and value against the query first, so that a key of another dtype is blamed on the key.
         for name, x in (("key", key), ("value", value)):
+            if x is None:
+                continue
             if x.device != query.device:
-                raise ValueError(f"{name} is on {x.device}, but query is on {query.device}") from None
+                raise ValueError(f"{name} is on {x.device}, but {first} is on {query.device}") from None
             if x.dtype != query.dtype and not autocast:
-                raise TypeError(f"{name} has dtype {x.dtype}, but query has dtype {query.dtype}") from None
+                raise TypeError(f"{name} has dtype {x.dtype}, but {first} has dtype {query.dtype}") from None
         for name, parameter in self.named_parameters():
             if parameter.device != query.device:
                 raise ValueError(
-                    f"query is on {query.device}, but the module's parameter {name} is on "
+                    f"{first} is on {query.device}, but the module's parameter {name} is on "
                     f"{parameter.device}; move one of them with .to()"
                 ) from None
             if parameter.dtype != query.dtype and not autocast:
                 raise TypeError(
-                    f"query has dtype {query.dtype}, but the module's parameter {name} has "
+                    f"{first} has dtype {query.dtype}, but the module's parameter {name} has "
                     f"dtype {parameter.dtype}; convert one of them with .to()"
                 ) from None
 
     def _check_heads(self, weights: HeadWeights) -> None:
         if not isinstance(weights, HeadWeights):
             raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
-        expected = (self.num_heads, self.embed_dim, self.kdim, self.vdim, self.d_k, self.d_v)
-        got = (weights.num_heads, weights.embed_dim, weights.kdim, weights.vdim,
+        self._check_kv_heads_supported(weights)
+        expected = (self.num_heads, self.num_kv_heads, self.embed_dim, self.kdim, self.vdim,
+                    self.d_k, self.d_v)  # fmt: skip
+        got = (weights.num_heads, weights.num_kv_heads, weights.embed_dim, weights.kdim, weights.vdim,
                weights.d_k, weights.d_v)  # fmt: skip
         if got != expected or weights.bias != self.bias:
-            names = "num_heads, embed_dim, kdim, vdim, d_k, d_v"
+            names = "num_heads, num_kv_heads, embed_dim, kdim, vdim, d_k, d_v"
             raise ValueError(
                 f"weights have ({names}) = {got} and bias={weights.bias}, "
                 f"but this module has {expected} and bias={self.bias}"
+            )
+
+    @classmethod
+    def _check_kv_heads_supported(cls, weights: HeadWeights) -> None:
+        if weights.num_kv_heads != weights.num_heads and not cls._inference_features:
+            raise ValueError(
+                f"weights have {weights.num_kv_heads} K/V heads for {weights.num_heads} query heads "
+                f"(grouped-query attention), but {cls.__name__} has one K/V head per query head: use "
+                "MultiHeadAttention, or weights.expand_kv_heads() for the same layer with every K/V "
+                "head copied into its group"
             )
 
     @classmethod
@@ -409,6 +564,8 @@ class _MultiHeadBase(nn.Module):
         """
         if not isinstance(weights, HeadWeights):
             raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
+        cls._check_kv_heads_supported(weights)
+        grouped: dict[str, Any] = {"num_kv_heads": weights.num_kv_heads} if cls._inference_features else {}
         module = cls(
             weights.embed_dim,
             weights.num_heads,
@@ -419,6 +576,7 @@ class _MultiHeadBase(nn.Module):
             bias=weights.bias,
             dropout=dropout,
             batch_first=batch_first,
+            **grouped,
         ).to(dtype=weights.w_q.dtype, device=weights.w_q.device)
         module.load_heads(weights)
         return module
@@ -449,6 +607,11 @@ class MultiHeadAttention(_MultiHeadBase):
     projection is an ``nn.Linear`` initialised as ``nn.Linear`` is
     (``init="torch"`` gives torch's Xavier-uniform projections and zero biases).
 
+    For inference it keeps keys and values: a :class:`KVCache` for decoding
+    (``forward(..., cache=...)``), keys and values projected once for
+    cross-attention (:meth:`project_key_value`, ``forward(..., key_value=...)``),
+    and grouped-query attention (``num_kv_heads``), as in Llama and Mistral.
+
     Parameters
     ----------
     embed_dim : int
@@ -471,6 +634,10 @@ class MultiHeadAttention(_MultiHeadBase):
     init : {"linear", "torch"}
         How the weights start: ``nn.Linear``'s default (uniform in
         ±1/sqrt(fan_in), biases too), or ``torch.nn.MultiheadAttention``'s.
+    num_kv_heads : int, optional
+        h_kv, the number of K/V heads; it must divide ``num_heads``, and query head
+        i uses K/V head ``i // (num_heads / num_kv_heads)``. 1 is multi-query
+        attention; the default, ``num_heads``, is multi-head attention.
     device, dtype : optional
         Where and in which dtype to create the parameters, as for ``nn.Linear``
         (``device="meta"`` creates them without memory; then ``to_empty`` and
@@ -479,8 +646,8 @@ class MultiHeadAttention(_MultiHeadBase):
     Attributes
     ----------
     q_proj : nn.Linear, embed_dim -> h·d_k
-    k_proj : nn.Linear, kdim -> h·d_k
-    v_proj : nn.Linear, vdim -> h·d_v
+    k_proj : nn.Linear, kdim -> h_kv·d_k
+    v_proj : nn.Linear, vdim -> h_kv·d_v
     out_proj : nn.Linear, h·d_v -> embed_dim
 
     See Also
@@ -505,7 +672,16 @@ class MultiHeadAttention(_MultiHeadBase):
     >>> out, _ = mha(torch.randn(4, 2, 12, dtype=torch.float64))  # (T, B, embed_dim)
     >>> out.shape, mha.q_proj.bias.abs().max().item()
     (torch.Size([4, 2, 12]), 0.0)
+
+    Grouped-query attention: 8 query heads share 2 K/V heads, so K and V are a
+    quarter of the size:
+
+    >>> gqa = qkv.MultiHeadAttention(32, 8, num_kv_heads=2)
+    >>> gqa.q_proj.out_features, gqa.k_proj.out_features
+    (32, 8)
     """
+
+    _inference_features = True
 
     def __init__(
         self,
@@ -520,37 +696,152 @@ class MultiHeadAttention(_MultiHeadBase):
         dropout: float = 0.0,
         batch_first: bool = True,
         init: str = "linear",
+        num_kv_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
             embed_dim, num_heads, kdim=kdim, vdim=vdim, d_k=d_k, d_v=d_v, bias=bias, dropout=dropout,
-            batch_first=batch_first, init=init,
+            batch_first=batch_first, init=init, num_kv_heads=num_kv_heads,
         )  # fmt: skip
-        h = self.num_heads
+        h, h_kv = self.num_heads, self.num_kv_heads
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(self.embed_dim, h * self.d_k, bias=bias, **factory)
-        self.k_proj = nn.Linear(self.kdim, h * self.d_k, bias=bias, **factory)
-        self.v_proj = nn.Linear(self.vdim, h * self.d_v, bias=bias, **factory)
+        self.k_proj = nn.Linear(self.kdim, h_kv * self.d_k, bias=bias, **factory)
+        self.v_proj = nn.Linear(self.vdim, h_kv * self.d_v, bias=bias, **factory)
         self.out_proj = nn.Linear(h * self.d_v, self.embed_dim, bias=bias, **factory)
         if init != "linear":
             self.reset_parameters()
 
     def _attend(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-        need_weights: bool, dropout_p: float, is_causal: bool,
+        self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None,
+        need_weights: bool, dropout_p: float, is_causal: bool, cache: KVCache | None,
+        key_value: KeyValue | None,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
         h = self.num_heads
         q = split_heads_unchecked(project(self.q_proj, query), h)  # (B, h, T, d_k)
-        k = split_heads_unchecked(project(self.k_proj, key), h)  # (B, h, S, d_k)
-        v = split_heads_unchecked(project(self.v_proj, value), h)  # (B, h, S, d_v)
+        if key_value is not None:
+            k, v = key_value  # (B, h_kv, S, d_k), (B, h_kv, S, d_v)
+        else:
+            assert key is not None and value is not None  # given whenever key_value is not
+            k, v = self._project_key_value_unchecked(key, value)  # (B, h_kv, S_new, d_k), (…, d_v)
+            if cache is not None:
+                k, v = cache._append_unchecked(k, v)  # (B, h_kv, S, d_k), (B, h_kv, S, d_v): all so far
         weights = None
+        grouped = self.num_kv_heads != h
         if need_weights:
+            if grouped:
+                k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)  # (B, h, S, d_k), (B, h, S, d_v)
             heads, weights = explicit_attention(q, k, v, mask, None, dropout_p, is_causal)  # (B, h, T, d_v)
         else:
-            heads = fused_attention_unchecked(q, k, v, mask, None, dropout_p, is_causal)  # (B, h, T, d_v)
+            if grouped and not SDPA_HAS_GQA:
+                k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)  # (B, h, S, d_k), (B, h, S, d_v)
+            heads = fused_attention_unchecked(
+                q, k, v, mask, None, dropout_p, is_causal, grouped and SDPA_HAS_GQA
+            )  # (B, h, T, d_v)
         output = project(self.out_proj, merge_heads_unchecked(heads))  # (B, T, embed_dim)
         return output, weights
+
+    def _project_key_value_unchecked(self, key: Tensor, value: Tensor) -> KeyValue:
+        """Batch-first key (B, S, kdim) and value (B, S, vdim) through W^K and W^V, split into h_kv heads."""
+        h_kv = self.num_kv_heads
+        keys = split_heads_unchecked(project(self.k_proj, key), h_kv)  # (B, h_kv, S, d_k)
+        values = split_heads_unchecked(project(self.v_proj, value), h_kv)  # (B, h_kv, S, d_v)
+        return KeyValue(keys, values)
+
+    def project_key_value(self, key: Tensor, value: Tensor | None = None) -> KeyValue:
+        """Project keys and values once, split into heads, for ``forward(query, key_value=...)``.
+
+        Cross-attention's K and V come from the encoder's output, which does not
+        change while the decoder generates: compute them once per source and
+        pass them at every step; ``forward`` then applies only W^Q and W^O.
+
+        Parameters
+        ----------
+        key : Tensor, shape (B, S, kdim)
+            (S, B, kdim) when the module has ``batch_first=False``.
+        value : Tensor, shape (B, S, vdim), optional
+            Defaults to ``key`` (as for cross-attention over an encoder's output).
+
+        Returns
+        -------
+        KeyValue
+            ``keys`` (B, h_kv, S, d_k) = key · W^K + b^K and ``values``
+            (B, h_kv, S, d_v) = value · W^V + b^V, split into K/V heads; batch first
+            in either layout.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> cross = qkv.MultiHeadAttention(12, 3, kdim=10, vdim=10)
+        >>> memory, y = torch.randn(2, 6, 10), torch.randn(2, 4, 12)
+        >>> kv = cross.project_key_value(memory)  # once per source
+        >>> kv.keys.shape, kv.values.shape
+        (torch.Size([2, 3, 6, 4]), torch.Size([2, 3, 6, 4]))
+        >>> out, _ = cross(y, key_value=kv)  # at every step: only W^Q and W^O run
+        >>> torch.allclose(out, cross(y, memory)[0], atol=1e-6)
+        True
+        """
+        value = key if value is None else value
+        lead = "(B, S" if self.batch_first else "(S, B"
+        k = require_tensor("key", key, ndim=3, layout=f"{lead}, kdim)")
+        v = require_tensor("value", value, ndim=3, layout=f"{lead}, vdim)")
+        require_size("key", k, 2, self.kdim, "features", "kdim")
+        require_size("value", v, 2, self.vdim, "features", "vdim")
+        if k.shape[:2] != v.shape[:2]:
+            raise ValueError(
+                f"key and value must agree on batch and length, got key {shape_str(k.shape)} and "
+                f"value {shape_str(v.shape)}"
+            )
+        if not self.batch_first:
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # (B, S, kdim), (B, S, vdim)
+        try:
+            return self._project_key_value_unchecked(k, v)
+        except RuntimeError as error:
+            self._explain_failure(k, None, v, first="key")
+            raise error
+
+    def new_cache(
+        self,
+        batch_size: int,
+        max_length: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVCache:
+        """An empty :class:`KVCache` that fits this module: its K/V heads, d_k and d_v.
+
+        Parameters
+        ----------
+        batch_size : int
+            B, the number of sequences decoded together.
+        max_length : int
+            The most tokens it will hold (prompt and generated), allocated now.
+        dtype, device : optional
+            Default: those of the module's parameters.
+
+        Returns
+        -------
+        KVCache
+
+        Examples
+        --------
+        >>> import qkv
+        >>> mha = qkv.MultiHeadAttention(64, 8, num_kv_heads=2)
+        >>> cache = mha.new_cache(batch_size=4, max_length=100)
+        >>> cache.num_kv_heads, cache.d_k, cache.length, cache.max_length, cache.dtype
+        (2, 8, 0, 100, torch.float32)
+        """
+        parameter = self.q_proj.weight
+        return KVCache(
+            batch_size,
+            self.num_kv_heads,
+            self.d_k,
+            self.d_v,
+            max_length=max_length,
+            dtype=parameter.dtype if dtype is None else dtype,
+            device=parameter.device if device is None else device,
+        )
 
     @torch.no_grad()
     def load_heads(self, weights: HeadWeights) -> None:
@@ -562,14 +853,14 @@ class MultiHeadAttention(_MultiHeadBase):
         self._check_heads(weights)
         w = weights
         self.q_proj.weight.copy_(w.w_q.transpose(1, 2).reshape(-1, self.embed_dim))  # (h·d_k, d_model)
-        self.k_proj.weight.copy_(w.w_k.transpose(1, 2).reshape(-1, self.kdim))  # (h·d_k, kdim)
-        self.v_proj.weight.copy_(w.w_v.transpose(1, 2).reshape(-1, self.vdim))  # (h·d_v, vdim)
+        self.k_proj.weight.copy_(w.w_k.transpose(1, 2).reshape(-1, self.kdim))  # (h_kv·d_k, kdim)
+        self.v_proj.weight.copy_(w.w_v.transpose(1, 2).reshape(-1, self.vdim))  # (h_kv·d_v, vdim)
         self.out_proj.weight.copy_(w.w_o.T)  # (d_model, h·d_v)
         if w.biases is not None:
             b_q, b_k, b_v, b_o = w.biases
             self.q_proj.bias.copy_(b_q.reshape(-1))  # (h·d_k,)
-            self.k_proj.bias.copy_(b_k.reshape(-1))  # (h·d_k,)
-            self.v_proj.bias.copy_(b_v.reshape(-1))  # (h·d_v,)
+            self.k_proj.bias.copy_(b_k.reshape(-1))  # (h_kv·d_k,)
+            self.v_proj.bias.copy_(b_v.reshape(-1))  # (h_kv·d_v,)
             self.out_proj.bias.copy_(b_o)  # (d_model,)
 
     def to_heads(self) -> HeadWeights:
@@ -589,19 +880,17 @@ class MultiHeadAttention(_MultiHeadBase):
         >>> torch.equal(hw.w_q[1], mha.q_proj.weight[4:8].T)  # head 1: rows 4..7, transposed
         True
         """
-        h = self.num_heads
-
         def per_head(linear: nn.Linear, size: int) -> Tensor:
-            weight = linear.weight.detach()  # (h·size, in)
-            return weight.view(h, size, -1).transpose(1, 2).clone()  # (h, in, size)
+            weight = linear.weight.detach()  # (heads·size, in)
+            return weight.view(-1, size, weight.shape[1]).transpose(1, 2).clone()  # (heads, in, size)
 
         def bias_of(linear: nn.Linear, size: int) -> Tensor | None:
-            return None if linear.bias is None else linear.bias.detach().view(h, size).clone()
+            return None if linear.bias is None else linear.bias.detach().view(-1, size).clone()
 
         return HeadWeights(
-            w_q=per_head(self.q_proj, self.d_k),
-            w_k=per_head(self.k_proj, self.d_k),
-            w_v=per_head(self.v_proj, self.d_v),
+            w_q=per_head(self.q_proj, self.d_k),  # (h, d_model, d_k)
+            w_k=per_head(self.k_proj, self.d_k),  # (h_kv, kdim, d_k)
+            w_v=per_head(self.v_proj, self.d_v),  # (h_kv, vdim, d_v)
             w_o=self.out_proj.weight.detach().T.clone(),  # (h·d_v, d_model)
             b_q=bias_of(self.q_proj, self.d_k),
             b_k=bias_of(self.k_proj, self.d_k),
@@ -759,9 +1048,11 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
             self.reset_parameters()
 
     def _attend(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-        need_weights: bool, dropout_p: float, is_causal: bool,
+        self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None,
+        need_weights: bool, dropout_p: float, is_causal: bool, cache: KVCache | None,
+        key_value: KeyValue | None,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        assert key is not None and value is not None  # no cache or key_value: _check_forward refuses them
         if mask is not None:
             batch, length, source = query.shape[0], query.shape[1], key.shape[1]
             mask = mask.expand(batch, self.num_heads, length, source)  # (B, h, T, S)

@@ -1,0 +1,286 @@
+"""Keys and values kept for later: a KV cache for decoding, and precomputed K and V.
+
+A decoder generates one token at a time. Its new query attends to the keys and
+values of every earlier token, and those do not change: a token's K and V depend
+on that token only (and on the layers below it). :class:`KVCache` keeps them, so
+each step projects only the new token. Queries are not kept: each is used once,
+by the step that made it.
+
+For cross-attention the keys and values come from the encoder's output, which is
+fixed for the whole generation: :meth:`qkv.MultiHeadAttention.project_key_value`
+computes them once as a :class:`KeyValue`, which ``forward`` then takes instead of
+``key`` and ``value``.
+
+See also
+--------
+The chapter "Cross-attention" (book/cross_attention.ipynb) for K and V computed
+once per source.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from qkv._validation import require_positive_int, require_tensor, shape_str
+
+__all__ = ["KVCache", "KeyValue"]
+
+
+class KeyValue(NamedTuple):
+    """Keys and values already projected and split into heads, as attention reads them.
+
+    What :meth:`qkv.MultiHeadAttention.project_key_value` returns and what
+    ``forward(query, key_value=...)`` takes. Always batch first and heads first,
+    whatever the module's ``batch_first``.
+
+    Attributes
+    ----------
+    keys : Tensor, shape (B, h_kv, S, d_k)
+        ``key · W_j^K + b_j^K`` for each K/V head j.
+    values : Tensor, shape (B, h_kv, S, d_v)
+    """
+
+    keys: Tensor
+    values: Tensor
+
+
+class KVCache:
+    """The keys and values of every token so far, for decoding one token (or chunk) at a time.
+
+    Pass it to :meth:`qkv.MultiHeadAttention.forward` as ``cache=``: the module
+    projects only the new tokens, appends their keys and values (already split
+    into heads) here, and attends from the new queries to everything cached. The
+    memory for ``max_length`` tokens is allocated once, at construction; a call
+    that would go past it raises ``ValueError`` and leaves the cache as it was.
+
+    A batch of prompts of different lengths is **left padded**: every prompt ends
+    at the same position, so each step appends one token per sequence in the
+    same slot. Pass ``key_padding_mask`` of shape (B, length + new tokens), True
+    at the padding, at every call (as Hugging Face passes a growing
+    ``attention_mask``).
+
+    Parameters
+    ----------
+    batch_size : int
+        B.
+    num_kv_heads : int
+        h_kv, the module's number of K/V heads (``num_heads`` unless grouped-query).
+    d_k : int
+        The size of each key.
+    d_v : int, optional
+        The size of each value; default ``d_k``.
+    max_length : int
+        The most tokens the cache can hold.
+    dtype, device : optional
+        Of the stored keys and values; default torch's default dtype, on the CPU.
+        :meth:`qkv.MultiHeadAttention.new_cache` takes them from the module.
+
+    Notes
+    -----
+    With autograd recording (and a key or value that requires grad), each append
+    writes into a copy of the memory instead of in place, so that gradients flow
+    back through every step (training-style prefill); under ``torch.no_grad()`` or
+    ``torch.inference_mode()``, as in generation, nothing is re-allocated.
+
+    Examples
+    --------
+    Decode five tokens one at a time; the result is one causal pass over all five:
+
+    >>> import torch, qkv
+    >>> mha = qkv.MultiHeadAttention(16, 4, num_kv_heads=2)
+    >>> x = torch.randn(1, 5, 16)
+    >>> cache = mha.new_cache(batch_size=1, max_length=8)
+    >>> with torch.no_grad():
+    ...     steps = [mha(x[:, t : t + 1], cache=cache)[0] for t in range(5)]
+    ...     full, _ = mha(x, is_causal=True)
+    >>> torch.allclose(torch.cat(steps, dim=1), full, atol=1e-6)
+    True
+    >>> cache.length, tuple(cache.keys.shape)  # (B, h_kv, length, d_k)
+    (5, (1, 2, 5, 4))
+    >>> mha(torch.randn(1, 4, 16), cache=cache)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: cache is full: it holds 5 of max_length=8 tokens and cannot take 4 more; ...
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        d_k: int,
+        d_v: int | None = None,
+        *,
+        max_length: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        batch_size = require_positive_int("batch_size", batch_size)
+        num_kv_heads = require_positive_int("num_kv_heads", num_kv_heads)
+        d_k = require_positive_int("d_k", d_k)
+        d_v = d_k if d_v is None else require_positive_int("d_v", d_v)
+        max_length = require_positive_int("max_length", max_length)
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        self._keys = torch.zeros(
+            batch_size, num_kv_heads, max_length, d_k, dtype=dtype, device=device
+        )  # (B, h_kv, M, d_k)
+        self._values = torch.zeros(
+            batch_size, num_kv_heads, max_length, d_v, dtype=dtype, device=device
+        )  # (B, h_kv, M, d_v)
+        self._length = 0
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of sequences."""
+        return self._keys.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        """h_kv, the number of K/V heads stored."""
+        return self._keys.shape[1]
+
+    @property
+    def max_length(self) -> int:
+        """The most tokens the cache can hold."""
+        return self._keys.shape[2]
+
+    @property
+    def d_k(self) -> int:
+        """The size of each key."""
+        return self._keys.shape[3]
+
+    @property
+    def d_v(self) -> int:
+        """The size of each value."""
+        return self._values.shape[3]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the stored keys and values."""
+        return self._keys.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the stored keys and values."""
+        return self._keys.device
+
+    @property
+    def length(self) -> int:
+        """How many tokens are cached."""
+        return self._length
+
+    @property
+    def keys(self) -> Tensor:
+        """The cached keys, (B, h_kv, length, d_k): a view of the cache's memory.
+
+        Later calls overwrite that memory after :meth:`reset`: clone what you keep.
+        """
+        return self._keys[:, :, : self._length]
+
+    @property
+    def values(self) -> Tensor:
+        """The cached values, (B, h_kv, length, d_v): a view of the cache's memory."""
+        return self._values[:, :, : self._length]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the cache occupies: the memory of its key and value tensors, all of ``max_length``."""
+        return self._keys.untyped_storage().nbytes() + self._values.untyped_storage().nbytes()
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCache(batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, d_k={self.d_k}, "
+            f"d_v={self.d_v}, length={self._length}, max_length={self.max_length}, dtype={self.dtype}, "
+            f"device={self.device})"
+        )
+
+    def reset(self) -> None:
+        """Forget every token (the memory stays allocated), e.g. before the next prompt."""
+        self._length = 0
+        self._keys, self._values = self._keys.detach(), self._values.detach()
+
+    def append(self, keys: Tensor, values: Tensor) -> KeyValue:
+        """Add the keys and values of new tokens; return everything cached.
+
+        :meth:`qkv.MultiHeadAttention.forward` calls this for you with
+        ``cache=``; call it yourself to fill a cache from your own projections.
+
+        Parameters
+        ----------
+        keys : Tensor, shape (B, h_kv, T, d_k)
+        values : Tensor, shape (B, h_kv, T, d_v)
+
+        Returns
+        -------
+        KeyValue
+            The cached keys (B, h_kv, length, d_k) and values (B, h_kv, length, d_v),
+            the new ones last.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> cache = qkv.KVCache(batch_size=2, num_kv_heads=3, d_k=4, max_length=10)
+        >>> k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+        >>> keys, values = cache.append(k, v)
+        >>> keys.shape, torch.equal(values, v), cache.length
+        (torch.Size([2, 3, 6, 4]), True, 6)
+        """
+        expected = {
+            "keys": (self.batch_size, self.num_kv_heads, self.d_k),
+            "values": (self.batch_size, self.num_kv_heads, self.d_v),
+        }
+        checked = {}
+        for name, x in (("keys", keys), ("values", values)):
+            tensor = require_tensor(name, x, ndim=4, layout="(B, h_kv, T, d)")
+            batch, heads, dim = expected[name]
+            got = (tensor.shape[0], tensor.shape[1], tensor.shape[3])
+            if got != (batch, heads, dim):
+                raise ValueError(
+                    f"{name} must have shape (B, h_kv, T, d) = ({batch}, {heads}, T, {dim}) to fit this "
+                    f"cache, got {shape_str(tensor.shape)}"
+                )
+            if tensor.device != self.device:
+                raise ValueError(f"{name} is on {tensor.device}, but the cache is on {self.device}")
+            checked[name] = tensor
+        if checked["keys"].shape[2] != checked["values"].shape[2]:
+            raise ValueError(
+                f"keys have {keys.shape[2]} positions, but values have {values.shape[2]}: they come in pairs"
+            )
+        self.require_room(keys.shape[2])
+        return self._append_unchecked(keys, values)
+
+    def require_room(self, new: int) -> None:
+        """Raise ``ValueError`` unless ``new`` more tokens fit (qkv checks before projecting)."""
+        if self._length + new > self.max_length:
+            raise ValueError(
+                f"cache is full: it holds {self._length} of max_length={self.max_length} tokens and "
+                f"cannot take {new} more; create it with a larger max_length, or reset() it"
+            )
+
+    def _append_unchecked(self, keys: Tensor, values: Tensor) -> KeyValue:
+        """:meth:`append` after the caller's checks; the dtype is checked here, where it is known."""
+        for name, x in (("keys", keys), ("values", values)):
+            if x.dtype != self.dtype:
+                raise TypeError(
+                    f"the new {name} have dtype {x.dtype}, but the cache holds {self.dtype}; create "
+                    "the cache with the dtype the module computes in (module.new_cache does)"
+                )
+        start, end = self._length, self._length + keys.shape[2]
+        recording = torch.is_grad_enabled() and any(
+            x.requires_grad for x in (keys, values, self._keys, self._values)
+        )
+        if recording:
+            # Out of place: an in-place write would change tensors that earlier steps saved for backward.
+            self._keys = self._keys.slice_scatter(keys, 2, start, end)  # (B, h_kv, M, d_k)
+            self._values = self._values.slice_scatter(values, 2, start, end)  # (B, h_kv, M, d_v)
+        else:
+            self._keys[:, :, start:end] = keys  # (B, h_kv, T, d_k) into (B, h_kv, M, d_k)
+            self._values[:, :, start:end] = values  # (B, h_kv, T, d_v) into (B, h_kv, M, d_v)
+        self._length = end
+        return KeyValue(self._keys[:, :, :end], self._values[:, :, :end])  # (B, h_kv, length, d)
