@@ -16,8 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv._validation import require_positive_int, require_size, require_tensor, shape_str
-from qkv.attention import attention, fused_attention
-from qkv.heads import merge_heads, split_heads
+from qkv.cache import KeyValue
 from qkv.masks import causal_mask, padding_mask
 from qkv.multihead import MultiHeadAttention
 
@@ -283,11 +282,12 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.feed_forward = _feed_forward(dim, require_positive_int("hidden", hidden))
 
-    def memory_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+    def memory_keys_values(self, memory: Tensor) -> KeyValue:
         """The cross-attention's keys and values: the memory through W^K and W^V, split into heads.
 
         They depend on the source only, so a decoder computes them once per
-        source and reuses them at every step of generation.
+        source and reuses them at every step of generation
+        (:meth:`qkv.MultiHeadAttention.project_key_value`).
 
         Parameters
         ----------
@@ -295,25 +295,10 @@ class DecoderLayer(nn.Module):
 
         Returns
         -------
-        keys : Tensor, shape (B, h, S, d_k)
-        values : Tensor, shape (B, h, S, d_v)
+        KeyValue
+            keys (B, h, S, d_k) and values (B, h, S, d_v).
         """
-        h = self.cross_attn.num_heads
-        keys = split_heads(self.cross_attn.k_proj(memory), h)  # (B, h, S, d_k)
-        values = split_heads(self.cross_attn.v_proj(memory), h)  # (B, h, S, d_v)
-        return keys, values
-
-    def _cross_attend(
-        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, need_weights: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        """``cross_attn`` with its keys and values given: only W^Q and W^O are applied here."""
-        attn = self.cross_attn
-        q = split_heads(attn.q_proj(query), attn.num_heads)  # (B, h, T, d_k)
-        if need_weights:
-            heads, weights = attention(q, keys, values, mask)  # (B, h, T, d_v), (B, h, T, S)
-        else:
-            heads, weights = fused_attention(q, keys, values, mask), None  # (B, h, T, d_v)
-        return attn.out_proj(merge_heads(heads)), weights  # (B, T, dim)
+        return self.cross_attn.project_key_value(memory)
 
     def forward(
         self,
@@ -349,7 +334,9 @@ class DecoderLayer(nn.Module):
         y = y + self.self_attn(self.norm1(y), mask=causal_mask(T, device=y.device))[0]  # (B, T, dim)
         query = self.norm2(y)  # (B, T, dim)
         if memory_keys_values is not None:
-            attended, weights = self._cross_attend(query, *memory_keys_values, memory_mask, need_weights)
+            attended, weights = self.cross_attn(
+                query, key_value=KeyValue(*memory_keys_values), mask=memory_mask, need_weights=need_weights
+            )  # (B, T, dim), (B, h, T, S) or None: only W^Q and W^O run here
         elif memory is not None:
             attended, weights = self.cross_attn(
                 query, memory, memory, mask=memory_mask, need_weights=need_weights
