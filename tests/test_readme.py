@@ -24,3 +24,6 @@ def test_readme_python_example_runs():
     assert namespace["y_first"].shape == (T, B, d_model)  # sequence first, as asked
     assert namespace["w_mean"].shape == (B, T, T)
     assert namespace["w_mean"][1, :, -2:].abs().max() == 0  # padding keys get no weight
+    cache, y_step = namespace["cache"], namespace["y_step"]
+    assert y_step.shape == (B, 1, d_model)
+    assert cache.length == T + 1 and cache.keys.shape == (B, 1, T + 1, d_model // h)
