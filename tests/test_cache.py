@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -393,3 +395,65 @@ def test_project_key_value_names_a_dtype_mismatch():
         cross.project_key_value(memory)
     with pytest.raises(TypeError, match=r"value has dtype torch\.float32, but key has dtype torch\.float64"):
         cross.project_key_value(memory, memory.float())
+
+
+def test_steps_under_no_grad_or_a_reset_leave_earlier_outputs_differentiable():
+    mha = make(2)
+    x = torch.randn(2, 5, E, dtype=F64, requires_grad=True)
+    expected = torch.autograd.grad(mha(x[:, :3], is_causal=True)[0].sum(), x)[0]
+    cache = mha.new_cache(2, 8)
+    prefill, _ = mha(x[:, :3], cache=cache, is_causal=True)  # recording
+    with torch.no_grad():
+        mha(x[:, 3:4], cache=cache)  # e.g. a sampled token, not recorded
+    torch.testing.assert_close(torch.autograd.grad(prefill.sum(), x, retain_graph=True)[0], expected)
+    cache.reset()
+    with torch.no_grad():
+        mha(x[:, :4], cache=cache, is_causal=True)  # the memory is reused for another prompt
+    torch.testing.assert_close(torch.autograd.grad(prefill.sum(), x)[0], expected)
+
+
+def test_a_cache_belongs_to_one_layer():
+    first, second = make(2, seed=0), make(2, seed=1)
+    cache = first.new_cache(1, 8)
+    first(torch.randn(1, 2, E, dtype=F64), cache=cache, is_causal=True)
+    with pytest.raises(ValueError, match="cache holds the keys and values of another module"):
+        second(torch.randn(1, 1, E, dtype=F64), cache=cache)
+    assert cache.length == 2
+    cache.reset()
+    second(torch.randn(1, 1, E, dtype=F64), cache=cache)  # free again after a reset
+    restored = pickle.loads(pickle.dumps(cache))  # a copy is nobody's yet
+    first(torch.randn(1, 1, E, dtype=F64), cache=restored)
+    assert restored.length == 2
+
+
+def test_new_cache_inside_autocast_takes_the_autocast_dtype():
+    mha = qkv.MultiHeadAttention(16, 4, num_kv_heads=2)  # float32 parameters
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full, _ = mha(x, is_causal=True)
+        cache = mha.new_cache(2, 5)
+        assert cache.dtype == torch.bfloat16
+        steps = [mha(x[:, t : t + 1], cache=cache, is_causal=True)[0] for t in range(5)]
+        with pytest.raises(TypeError, match=r"create the cache with dtype=torch\.bfloat16"):
+            mha(x[:, :1], cache=qkv.KVCache(2, 2, 4, max_length=5))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_cropping_goes_back_to_a_shared_prompt():
+    mha = make()
+    x, other = torch.randn(1, 6, E, dtype=F64), torch.randn(1, 2, E, dtype=F64)
+    cache = mha.new_cache(1, 6)
+    with torch.no_grad():
+        mha(x, cache=cache, is_causal=True)
+        cache.crop(4)  # keep the 4-token prompt, drop the 2 generated tokens
+        out, _ = mha(other, cache=cache, is_causal=True)
+        expected, _ = mha(torch.cat([x[:, :4], other], dim=1), is_causal=True)
+    torch.testing.assert_close(out, expected[:, 4:])
+    with pytest.raises(ValueError, match="length must be between 0 and the cache's length 6, got 7"):
+        cache.crop(7)
+
+
+def test_hugging_face_attention_masks_are_pointed_the_right_way():
+    mha = make()
+    with pytest.raises(TypeError, match="attention_mask == 0"):
+        mha(torch.randn(1, 2, E, dtype=F64), key_padding_mask=torch.ones(1, 2, dtype=torch.long))

@@ -101,3 +101,18 @@ def test_multi_head_attention_errors():
         qkv.multi_head_attention(x, x, x, hw)
     with pytest.raises(TypeError, match="weights must be a HeadWeights"):
         qkv.multi_head_attention(x, x, x, {"w_q": hw.w_q})
+
+
+def test_grouped_query_weights_validation_and_expansion():
+    hw = qkv.HeadWeights.random(16, 4, num_kv_heads=2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"w_k has no heads: its first axis is empty \(shape \(0, 16, 4\)\)"):
+        qkv.HeadWeights(hw.w_q, hw.w_k[:0], hw.w_v[:0], hw.w_o)
+    with pytest.raises(ValueError, match="w_k has 3 heads, which does not divide the 4 query heads of w_q"):
+        qkv.HeadWeights(hw.w_q, torch.cat([hw.w_k, hw.w_k[:1]]), hw.w_v, hw.w_o)
+    trainable = hw._map(lambda t: t.clone().requires_grad_())
+    full = trainable.expand_kv_heads()
+    assert full.w_q is trainable.w_q and full.num_kv_heads == 4
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    out, _ = qkv.multi_head_attention(x, x, x, full)
+    out.sum().backward()  # gradients reach the shared K/V heads
+    assert trainable.w_k.grad is not None and trainable.w_k.grad.shape == (2, 16, 4)

@@ -278,7 +278,8 @@ def require_attention_masks(
     ``query`` is batch first, (B, T, features); S counts every key attended to,
     the ``past`` ones already in a cache included.
     """
-    layout = f"(B, h, T, S = {past} cached + {S - past} new)" if past else "(B, h, T, S)"
+    if mask is None and key_padding_mask is None:
+        return None, None
     q = query
     batch, T = q.shape[0], q.shape[1]
     m = None
@@ -291,6 +292,7 @@ def require_attention_masks(
                 "mask per sequence (B, T, S) pass mask[:, None] (B, 1, T, S); for one per head "
                 "(h, T, S) pass mask[None] (1, h, T, S)"
             )
+        layout = f"(B, h, T, S = {past} cached + {S - past} new)" if past else "(B, h, T, S)"
         m = require_mask(mask, (batch, num_heads, T, S), layout, q.device, dtype=q.dtype)
     padding = None
     if key_padding_mask is not None:
@@ -304,6 +306,9 @@ def _multi_head_shapes_fit(
     """True when query, key and value are floating 3-D tensors whose sizes agree (see the caller)."""
     if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
         return False
+    if key is query and value is query:  # self-attention, the usual case: one tensor to look at
+        shape = query.shape
+        return len(shape) == 3 and features == (shape[2],) * 3 and query.is_floating_point()
     q, k, v = query.shape, key.shape, value.shape
     return (
         len(q) == len(k) == len(v) == 3
@@ -329,7 +334,8 @@ def require_key_padding_mask(
     if pad.dtype != torch.bool and not pad.is_floating_point():
         raise TypeError(
             f"{name} must be boolean (True = padding, ignored) or floating (added to the scores), "
-            f"got dtype {pad.dtype}; for a 0/1 tensor with 1 for padding use {name}.bool()"
+            f"got dtype {pad.dtype}; for a 0/1 tensor with 1 for padding use {name}.bool(), for "
+            "Hugging Face's attention_mask (1 = real token) use attention_mask == 0"
         )
     if tuple(pad.shape) != (batch, S):
         cached = f", with S = {past} cached + {S - past} new keys" if past else ""

@@ -104,7 +104,7 @@ def explicit_attention(
     """The explicit computation, without argument checks (for qkv's own modules)."""
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if is_causal:
+    if is_causal and query.shape[-2] > 1:  # one query is the last position: it sees every key
         causal = causal_mask_unchecked(query.shape[-2], key.shape[-2], query.device)  # (T, S)
         mask = merge_masks(mask, causal, query.dtype)
     # Scaling the (T, d_k) queries is cheaper than scaling the (T, S) scores; same maths.
@@ -142,6 +142,8 @@ def fused_attention_unchecked(
     than query, each shared by ``h / h_kv`` consecutive query heads.
     """
     gqa = {"enable_gqa": True} if enable_gqa else {}  # older torch does not know the argument
+    if is_causal and query.shape[-2] == 1:
+        is_causal = False  # one query, the last position, sees every key: no mask (a decoding step)
     if is_causal and (mask is not None or query.shape[-2] != key.shape[-2]):
         # SDPA's own is_causal aligns to the top left and takes no other mask: build ours.
         causal = causal_mask_unchecked(query.shape[-2], key.shape[-2], query.device)  # (T, S)

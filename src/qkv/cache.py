@@ -19,6 +19,7 @@ once per source.
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -56,11 +57,16 @@ class KVCache:
     memory for ``max_length`` tokens is allocated once, at construction; a call
     that would go past it raises ``ValueError`` and leaves the cache as it was.
 
+    Pass ``is_causal=True`` at every call: a chunk of several new tokens (the
+    prompt, say) then attends causally, within itself and to the cache; for a
+    single new token, which sees every cached one anyway, it costs nothing.
+
     A batch of prompts of different lengths is **left padded**: every prompt ends
     at the same position, so each step appends one token per sequence in the
     same slot. Pass ``key_padding_mask`` of shape (B, length + new tokens), True
-    at the padding, at every call (as Hugging Face passes a growing
-    ``attention_mask``).
+    at the padding (torch's meaning), at every call. Hugging Face's growing
+    ``attention_mask`` has the opposite meaning, 1 for a real token: pass
+    ``attention_mask == 0``.
 
     Parameters
     ----------
@@ -82,8 +88,14 @@ class KVCache:
     -----
     With autograd recording (and a key or value that requires grad), each append
     writes into a copy of the memory instead of in place, so that gradients flow
-    back through every step (training-style prefill); under ``torch.no_grad()`` or
-    ``torch.inference_mode()``, as in generation, nothing is re-allocated.
+    back through every step (training-style prefill), and so does the next append
+    after it, even under ``torch.no_grad()``, so that those earlier outputs can
+    still be back-propagated. Under ``torch.no_grad()`` or ``torch.inference_mode()``
+    from the start, as in generation, nothing is re-allocated.
+
+    One cache per attention layer: a cache holds the keys and values of the
+    module that first wrote into it, and another module is refused (until
+    :meth:`reset`).
 
     Examples
     --------
@@ -94,13 +106,13 @@ class KVCache:
     >>> x = torch.randn(1, 5, 16)
     >>> cache = mha.new_cache(batch_size=1, max_length=8)
     >>> with torch.no_grad():
-    ...     steps = [mha(x[:, t : t + 1], cache=cache)[0] for t in range(5)]
+    ...     steps = [mha(x[:, t : t + 1], cache=cache, is_causal=True)[0] for t in range(5)]
     ...     full, _ = mha(x, is_causal=True)
     >>> torch.allclose(torch.cat(steps, dim=1), full, atol=1e-6)
     True
     >>> cache.length, tuple(cache.keys.shape)  # (B, h_kv, length, d_k)
     (5, (1, 2, 5, 4))
-    >>> mha(torch.randn(1, 4, 16), cache=cache)  # doctest: +ELLIPSIS
+    >>> mha(torch.randn(1, 4, 16), cache=cache, is_causal=True)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ValueError: cache is full: it holds 5 of max_length=8 tokens and cannot take 4 more; ...
@@ -131,6 +143,11 @@ class KVCache:
             batch_size, num_kv_heads, max_length, d_v, dtype=dtype, device=device
         )  # (B, h_kv, M, d_v)
         self._length = 0
+        # Fixed at construction; kept as plain attributes so that a decoding step's checks are cheap.
+        self._sizes = (batch_size, num_kv_heads, d_k, d_v)
+        self._dtype, self._device = self._keys.dtype, self._keys.device
+        # The module whose keys and values it holds (a weak reference), set by the first forward.
+        self._owner: weakref.ref[torch.nn.Module] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -160,12 +177,12 @@ class KVCache:
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the stored keys and values."""
-        return self._keys.dtype
+        return self._dtype
 
     @property
     def device(self) -> torch.device:
         """The device of the stored keys and values."""
-        return self._keys.device
+        return self._device
 
     @property
     def length(self) -> int:
@@ -190,6 +207,11 @@ class KVCache:
         """The bytes the cache occupies: the memory of its key and value tensors, all of ``max_length``."""
         return self._keys.untyped_storage().nbytes() + self._values.untyped_storage().nbytes()
 
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_owner"] = None  # a weak reference does not pickle; a copy is nobody's yet
+        return state
+
     def __len__(self) -> int:
         return self._length
 
@@ -201,9 +223,39 @@ class KVCache:
         )
 
     def reset(self) -> None:
-        """Forget every token (the memory stays allocated), e.g. before the next prompt."""
-        self._length = 0
-        self._keys, self._values = self._keys.detach(), self._values.detach()
+        """Forget every token, e.g. before the next prompt; the cache can then serve another layer.
+
+        The memory stays allocated, unless a step recorded gradients into it: then
+        fresh memory is allocated, so that the earlier outputs can still be
+        back-propagated.
+        """
+        self.crop(0)
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` tokens, e.g. to go back to a shared prompt.
+
+        Nothing is copied: later tokens are overwritten by the next append.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> cache = qkv.KVCache(batch_size=1, num_kv_heads=2, d_k=4, max_length=10)
+        >>> _ = cache.append(torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4))
+        >>> cache.crop(5)
+        >>> cache.length, cache.keys.shape
+        (5, torch.Size([1, 2, 5, 4]))
+        """
+        if isinstance(length, bool) or not isinstance(length, int):
+            raise TypeError(f"length must be an int, got {type(length).__name__}")
+        if not 0 <= length <= self._length:
+            raise ValueError(f"length must be between 0 and the cache's length {self._length}, got {length}")
+        self._length = length
+        if length == 0:
+            self._owner = None
+            if self._keys.requires_grad or self._values.requires_grad:
+                # Earlier outputs' graphs saved this memory: write new tokens elsewhere.
+                self._keys = torch.zeros_like(self._keys, requires_grad=False)  # (B, h_kv, M, d_k)
+                self._values = torch.zeros_like(self._values, requires_grad=False)  # (B, h_kv, M, d_v)
 
     def append(self, keys: Tensor, values: Tensor) -> KeyValue:
         """Add the keys and values of new tokens; return everything cached.
@@ -265,22 +317,36 @@ class KVCache:
 
     def _append_unchecked(self, keys: Tensor, values: Tensor) -> KeyValue:
         """:meth:`append` after the caller's checks; the dtype is checked here, where it is known."""
-        for name, x in (("keys", keys), ("values", values)):
-            if x.dtype != self.dtype:
-                raise TypeError(
-                    f"the new {name} have dtype {x.dtype}, but the cache holds {self.dtype}; create "
-                    "the cache with the dtype the module computes in (module.new_cache does)"
-                )
+        if keys.dtype is not self._dtype or values.dtype is not self._dtype:  # dtypes are singletons
+            name, x = ("keys", keys) if keys.dtype != self._dtype else ("values", values)
+            raise TypeError(
+                f"the new {name} have dtype {x.dtype}, but the cache holds {self._dtype}; create the "
+                f"cache with dtype={x.dtype} (module.new_cache(..., dtype={x.dtype}); under autocast, "
+                "new_cache called inside the autocast region picks its dtype)"
+            )
         start, end = self._length, self._length + keys.shape[2]
-        recording = torch.is_grad_enabled() and any(
-            x.requires_grad for x in (keys, values, self._keys, self._values)
-        )
-        if recording:
-            # Out of place: an in-place write would change tensors that earlier steps saved for backward.
-            self._keys = self._keys.slice_scatter(keys, 2, start, end)  # (B, h_kv, M, d_k)
-            self._values = self._values.slice_scatter(values, 2, start, end)  # (B, h_kv, M, d_v)
+        stored_keys, stored_values = self._keys, self._values
+        if (
+            stored_keys.requires_grad
+            or stored_values.requires_grad
+            or (torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad))
+        ):
+            # Out of place, while the memory belongs to a graph: an in-place write would change
+            # what earlier steps saved for backward (even a write under torch.no_grad()).
+            stored_keys = stored_keys.slice_scatter(keys, 2, start, end)  # (B, h_kv, M, d_k)
+            stored_values = stored_values.slice_scatter(values, 2, start, end)  # (B, h_kv, M, d_v)
+            self._keys, self._values = stored_keys, stored_values
         else:
-            self._keys[:, :, start:end] = keys  # (B, h_kv, T, d_k) into (B, h_kv, M, d_k)
-            self._values[:, :, start:end] = values  # (B, h_kv, T, d_v) into (B, h_kv, M, d_v)
+            try:
+                stored_keys[:, :, start:end] = keys  # (B, h_kv, T, d_k) into (B, h_kv, M, d_k)
+                stored_values[:, :, start:end] = values  # (B, h_kv, T, d_v) into (B, h_kv, M, d_v)
+            except RuntimeError as error:
+                if stored_keys.is_inference() and not torch.is_inference_mode_enabled():
+                    raise RuntimeError(
+                        "the cache was created under torch.inference_mode(), and its memory can be "
+                        "written only there: decode inside torch.inference_mode() too, or create the "
+                        "cache outside it"
+                    ) from None
+                raise error
         self._length = end
-        return KeyValue(self._keys[:, :, :end], self._values[:, :, :end])  # (B, h_kv, length, d)
+        return KeyValue(stored_keys[:, :, :end], stored_values[:, :, :end])  # (B, h_kv, length, d)

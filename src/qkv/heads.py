@@ -198,6 +198,9 @@ class HeadWeights:
         require_same_dtype_and_device({"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o})
         h, d_model, d_k = w_q.shape
         h_kv, d_v = w_k.shape[0], w_v.shape[2]
+        for name, w in (("w_q", w_q), ("w_k", w_k)):
+            if w.shape[0] == 0:
+                raise ValueError(f"{name} has no heads: its first axis is empty (shape {shape_str(w.shape)})")
         if h % h_kv:
             raise ValueError(
                 f"w_k has {h_kv} heads, which does not divide the {h} query heads of w_q: each "
@@ -282,7 +285,9 @@ class HeadWeights:
         Grouped-query attention computes exactly what multi-head attention computes
         with these weights, at ``h / h_kv`` times the K/V projection and cache; the
         form that ``torch.nn.MultiheadAttention`` and
-        :class:`PerHeadMultiHeadAttention` can hold. A copy when ``h_kv == h``.
+        :class:`PerHeadMultiHeadAttention` can hold. ``w_q``, ``w_o`` and their
+        biases are the same tensors; the K/V ones are new (``repeat_interleave``,
+        through which gradients flow back to the shared heads).
 
         Examples
         --------
@@ -295,10 +300,10 @@ class HeadWeights:
         groups = self.num_heads // self.num_kv_heads
 
         def expand(x: Tensor) -> Tensor:
-            return x.detach().repeat_interleave(groups, dim=0)  # (h, ...)
+            return x.repeat_interleave(groups, dim=0)  # (h, ...)
 
         return replace(
-            self.detach(), w_k=expand(self.w_k), w_v=expand(self.w_v),
+            self, w_k=expand(self.w_k), w_v=expand(self.w_v),
             b_k=None if self.b_k is None else expand(self.b_k),
             b_v=None if self.b_v is None else expand(self.b_v),
         )  # fmt: skip

@@ -24,6 +24,7 @@ The chapter "One big W^Q or one per head?" (book/heads.ipynb).
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import torch
@@ -76,7 +77,8 @@ def project(layer: nn.Module, x: Tensor) -> Tensor:
         or module_hooks._global_backward_hooks
         or module_hooks._global_backward_pre_hooks
     ):
-        return F.linear(x, layer.weight, layer.bias)
+        parameters = layer._parameters  # what layer.weight reads, without Module.__getattr__
+        return F.linear(x, cast(Tensor, parameters["weight"]), parameters["bias"])
     output: Tensor = layer(x)
     return output
 
@@ -290,12 +292,14 @@ class _MultiHeadBase(nn.Module):
             With a ``cache``, S counts the cached keys too, so the new tokens see
             every earlier one: a chunk (prefill) and single steps alike.
         cache : KVCache, optional
-            (:class:`MultiHeadAttention` only.) Keys and values of earlier tokens:
-            the new ones (from ``key`` and ``value``, by default the query) are
-            projected, appended to it, and the query attends to all of them. Masks
-            then cover S = ``cache.length`` before the call + the new keys; for a
-            left-padded batch, pass the growing ``key_padding_mask`` at every call.
-            See :meth:`MultiHeadAttention.new_cache`.
+            (:class:`MultiHeadAttention` only.) Keys and values of earlier tokens,
+            one cache per layer: the new ones (from ``key`` and ``value``, by
+            default the query) are projected, appended to it, and the query attends
+            to all of them. Pass ``is_causal=True`` too, or a chunk of several new
+            tokens also attends to its own later tokens. Masks then cover S =
+            ``cache.length`` before the call + the new keys; for a left-padded batch,
+            pass the growing ``key_padding_mask`` at every call. See
+            :class:`KVCache` and :meth:`MultiHeadAttention.new_cache`.
         key_value : KeyValue, optional
             (:class:`MultiHeadAttention` only.) Keys and values already projected,
             from :meth:`MultiHeadAttention.project_key_value`, used instead of
@@ -411,8 +415,8 @@ class _MultiHeadBase(nn.Module):
                 key_padding_mask=key_padding_mask, past=past,
             )  # fmt: skip
             S = past + k.shape[1]
-        flags = (need_weights, average_attn_weights, is_causal)
-        if not all(type(flag) is bool for flag in flags):  # the usual case in one test
+        flags_are_bools = type(need_weights) is bool and type(average_attn_weights) is bool
+        if not (flags_are_bools and type(is_causal) is bool):
             require_bool("need_weights", need_weights)
             require_bool("average_attn_weights", average_attn_weights)
             require_bool("is_causal", is_causal)
@@ -468,20 +472,30 @@ class _MultiHeadBase(nn.Module):
         if not (isinstance(query, Tensor) and isinstance(key, Tensor) and query.dim() == key.dim() == 3):
             return cache.length  # the input checks say what is wrong
         batch, new = (key.shape[0], key.shape[1]) if self.batch_first else (key.shape[1], key.shape[0])
-        needed = {"batch_size": batch, "num_kv_heads": self.num_kv_heads, "d_k": self.d_k, "d_v": self.d_v}
-        got = {"batch_size": cache.batch_size, "num_kv_heads": cache.num_kv_heads,
-               "d_k": cache.d_k, "d_v": cache.d_v}  # fmt: skip
-        if got != needed:
-            name = next(name for name in needed if got[name] != needed[name])
-            whose = "the batch" if name == "batch_size" else "this module"
+        needed = (batch, self.num_kv_heads, self.d_k, self.d_v)
+        if cache._sizes != needed:
+            names = ("batch_size", "num_kv_heads", "d_k", "d_v")
+            i = next(i for i in range(4) if cache._sizes[i] != needed[i])
+            whose = "the batch" if i == 0 else "this module"
             raise ValueError(
-                f"cache has {name}={got[name]}, but {whose} needs {needed[name]}: the cache was made for "
-                "another module or batch (module.new_cache(batch_size, max_length) makes one that fits)"
+                f"cache has {names[i]}={cache._sizes[i]}, but {whose} needs {needed[i]}: the cache was "
+                "made for another module or batch (module.new_cache(batch_size, max_length) makes one "
+                "that fits)"
             )
-        if cache.device != query.device:
-            raise ValueError(f"cache is on {cache.device}, but query is on {query.device}")
-        cache.require_room(new)
-        return cache.length
+        if cache._device != query.device:
+            raise ValueError(f"cache is on {cache._device}, but query is on {query.device}")
+        owner = cache._owner
+        if owner is None:
+            cache._owner = weakref.ref(self)
+        elif owner() is not self:
+            raise ValueError(
+                "cache holds the keys and values of another module: give each attention layer its "
+                "own cache (module.new_cache), or reset() this one first"
+            )
+        length = cache._length
+        if length + new > cache.max_length:
+            cache.require_room(new)  # raises, with the numbers
+        return length
 
     def _explain_failure(
         self, query: Tensor, key: Tensor | None, value: Tensor | None, first: str = "query"
@@ -718,17 +732,20 @@ class MultiHeadAttention(_MultiHeadBase):
         need_weights: bool, dropout_p: float, is_causal: bool, cache: KVCache | None,
         key_value: KeyValue | None,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-        h = self.num_heads
-        q = split_heads_unchecked(project(self.q_proj, query), h)  # (B, h, T, d_k)
+        h, h_kv = self.num_heads, self.num_kv_heads
+        # The projections without Module.__getattr__: a decoding step counts microseconds.
+        modules = cast("dict[str, nn.Module]", self._modules)
+        q = split_heads_unchecked(project(modules["q_proj"], query), h)  # (B, h, T, d_k)
         if key_value is not None:
             k, v = key_value  # (B, h_kv, S, d_k), (B, h_kv, S, d_v)
         else:
             assert key is not None and value is not None  # given whenever key_value is not
-            k, v = self._project_key_value_unchecked(key, value)  # (B, h_kv, S_new, d_k), (…, d_v)
+            k = split_heads_unchecked(project(modules["k_proj"], key), h_kv)  # (B, h_kv, S_new, d_k)
+            v = split_heads_unchecked(project(modules["v_proj"], value), h_kv)  # (B, h_kv, S_new, d_v)
             if cache is not None:
                 k, v = cache._append_unchecked(k, v)  # (B, h_kv, S, d_k), (B, h_kv, S, d_v): all so far
         weights = None
-        grouped = self.num_kv_heads != h
+        grouped = h_kv != h
         if need_weights:
             if grouped:
                 k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)  # (B, h, S, d_k), (B, h, S, d_v)
@@ -739,7 +756,7 @@ class MultiHeadAttention(_MultiHeadBase):
             heads = fused_attention_unchecked(
                 q, k, v, mask, None, dropout_p, is_causal, grouped and SDPA_HAS_GQA
             )  # (B, h, T, d_v)
-        output = project(self.out_proj, merge_heads_unchecked(heads))  # (B, T, embed_dim)
+        output = project(modules["out_proj"], merge_heads_unchecked(heads))  # (B, T, embed_dim)
         return output, weights
 
     def _project_key_value_unchecked(self, key: Tensor, value: Tensor) -> KeyValue:
@@ -818,7 +835,8 @@ class MultiHeadAttention(_MultiHeadBase):
         max_length : int
             The most tokens it will hold (prompt and generated), allocated now.
         dtype, device : optional
-            Default: those of the module's parameters.
+            Default: the device of the module's parameters, and their dtype, or the
+            autocast dtype when called inside an autocast region for that device.
 
         Returns
         -------
@@ -833,13 +851,17 @@ class MultiHeadAttention(_MultiHeadBase):
         (2, 8, 0, 100, torch.float32)
         """
         parameter = self.q_proj.weight
+        if dtype is None:
+            dtype = parameter.dtype
+            if _autocast_enabled(parameter.device):  # the projections will compute in the autocast dtype
+                dtype = torch.get_autocast_dtype(parameter.device.type)
         return KVCache(
             batch_size,
             self.num_kv_heads,
             self.d_k,
             self.d_v,
             max_length=max_length,
-            dtype=parameter.dtype if dtype is None else dtype,
+            dtype=dtype,
             device=parameter.device if device is None else device,
         )
 
