@@ -40,7 +40,7 @@ embed_dim = 256, one sequence (B = 1):
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/kv_cache.py            # a few minutes on 2 CPU cores
+    .venv/bin/python benchmarks/kv_cache.py            # about 100 s on 2 CPU cores
     .venv/bin/python benchmarks/kv_cache.py --quick    # fewer rounds, about a minute
 
 Add ``--device cuda`` (the default is ``qkv.get_device()``) to run on a GPU.

@@ -98,6 +98,8 @@ def test_a_padding_query_row_attends_nowhere_and_gives_zero():
     assert weights[0, :, 0].abs().max() == 0  # the padding position itself sees no key
     fused, _ = make()(x, is_causal=True, key_padding_mask=padding)
     torch.testing.assert_close(out, fused)
+    # no value reaches it: its output is W^O applied to zeros, the output bias alone
+    torch.testing.assert_close(out[0, 0], mha.out_proj.bias.detach())
     assert torch.isfinite(out).all()
 
 
@@ -306,7 +308,16 @@ def test_grouped_query_with_as_many_kv_heads_is_todays_module():
     for need_weights in (False, True):
         a, b = plain(x, need_weights=need_weights), same(x, need_weights=need_weights)
         assert torch.equal(a[0], b[0])
+        if need_weights:
+            assert torch.equal(a[1], b[1])
     assert repr(plain) == repr(same)
+    # and both are still torch's multi-head attention, an implementation qkv does not share
+    torch_mha = qkv.interop.to_torch(
+        qkv.HeadWeights.random(E, H, dtype=F64, generator=torch.Generator().manual_seed(3))
+    )
+    ours = qkv.MultiHeadAttention.from_heads(qkv.interop.from_torch(torch_mha))
+    assert ours.num_kv_heads == H
+    torch.testing.assert_close(ours(x)[0], torch_mha(x, x, x, need_weights=False)[0])
 
 
 @pytest.mark.parametrize("num_kv_heads", [3, 2, 1])
@@ -457,3 +468,63 @@ def test_hugging_face_attention_masks_are_pointed_the_right_way():
     mha = make()
     with pytest.raises(TypeError, match="attention_mask == 0"):
         mha(torch.randn(1, 2, E, dtype=F64), key_padding_mask=torch.ones(1, 2, dtype=torch.long))
+
+
+def test_a_trained_query_with_frozen_keys_and_values_still_back_propagates():
+    mha = make(2)
+    mha.k_proj.requires_grad_(False)
+    mha.v_proj.requires_grad_(False)  # e.g. fine-tuning W^Q only: the new keys need no grad
+    x = torch.randn(1, 5, E, dtype=F64)
+    full, _ = mha(x, is_causal=True)
+    expected = torch.autograd.grad(full.sum(), mha.q_proj.weight)[0]
+    cache = mha.new_cache(1, 6)
+    prefill, _ = mha(x[:, :3], cache=cache, is_causal=True)
+    steps = [mha(x[:, t : t + 1], cache=cache)[0] for t in (3, 4)]
+    with torch.no_grad():
+        mha(torch.randn(1, 1, E, dtype=F64), cache=cache)  # a step that is not recorded
+    got = torch.autograd.grad(torch.cat([prefill, *steps], dim=1).sum(), mha.q_proj.weight)[0]
+    torch.testing.assert_close(got, expected)
+
+
+def test_inference_mode_after_a_recorded_step_then_no_grad():
+    mha = make()
+    x = torch.randn(1, 6, E, dtype=F64)
+    cache = mha.new_cache(1, 6)
+    mha(x[:, :2], cache=cache, is_causal=True)  # recorded: the parameters require grad
+    with torch.inference_mode():
+        mha(x[:, 2:3], cache=cache)
+    with torch.no_grad():
+        out, _ = mha(x[:, 3:4], cache=cache)
+        cache.reset()
+        mha(x[:, :4], cache=cache, is_causal=True)
+        expected, _ = mha(x[:, :4], is_causal=True)
+    torch.testing.assert_close(out, expected[:, 3:])
+
+
+def test_a_refused_call_does_not_claim_the_cache_and_batch_errors_blame_the_input():
+    first, second = make(seed=0), make(seed=1)
+    cache = first.new_cache(2, 8)
+    with pytest.raises(ValueError, match="mask of shape"):
+        first(torch.randn(2, 2, E, dtype=F64), cache=cache, mask=torch.ones(3, 3, dtype=torch.bool))
+    second(torch.randn(2, 2, E, dtype=F64), cache=cache, is_causal=True)  # still nobody's
+    with pytest.raises(ValueError, match="key has 3 sequences in the batch, but the query's batch size is 2"):
+        second(torch.randn(2, 1, E, dtype=F64), torch.randn(3, 1, E, dtype=F64), cache=cache)
+
+
+def test_float64_module_under_autocast_gets_a_float64_cache():
+    mha = make()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = mha.new_cache(1, 4)
+        assert cache.dtype == F64  # autocast leaves float64 alone
+        mha(torch.randn(1, 3, E, dtype=F64), cache=cache, is_causal=True)
+
+
+def test_a_module_pickled_before_grouped_query_attention_still_loads():
+    mha = make()
+    state = dict(mha.__dict__)
+    del state["num_kv_heads"]  # what a whole-module pickle from before the attribute holds
+    old = qkv.MultiHeadAttention.__new__(qkv.MultiHeadAttention)
+    old.__setstate__(state)
+    x = torch.randn(1, 2, E, dtype=F64)
+    assert old.num_kv_heads == H
+    torch.testing.assert_close(old(x)[0], mha(x)[0])

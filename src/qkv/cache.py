@@ -86,12 +86,13 @@ class KVCache:
 
     Notes
     -----
-    With autograd recording (and a key or value that requires grad), each append
+    With autograd recording (a query, key or value that requires grad), an append
     writes into a copy of the memory instead of in place, so that gradients flow
-    back through every step (training-style prefill), and so does the next append
-    after it, even under ``torch.no_grad()``, so that those earlier outputs can
-    still be back-propagated. Under ``torch.no_grad()`` or ``torch.inference_mode()``
-    from the start, as in generation, nothing is re-allocated.
+    back through every step (training-style prefill). Every later append copies
+    too, even under ``torch.no_grad()``, so that those earlier outputs can still be
+    back-propagated, until :meth:`reset`, which then allocates fresh memory. Under
+    ``torch.no_grad()`` or ``torch.inference_mode()`` from the start, as in
+    generation, nothing is re-allocated.
 
     One cache per attention layer: a cache holds the keys and values of the
     module that first wrote into it, and another module is refused (until
@@ -148,6 +149,8 @@ class KVCache:
         self._dtype, self._device = self._keys.dtype, self._keys.device
         # The module whose keys and values it holds (a weak reference), set by the first forward.
         self._owner: weakref.ref[torch.nn.Module] | None = None
+        # Whether a recorded step may have saved this memory for backward: then appends copy.
+        self._in_graph = False
 
     @property
     def batch_size(self) -> int:
@@ -252,10 +255,13 @@ class KVCache:
         self._length = length
         if length == 0:
             self._owner = None
-            if self._keys.requires_grad or self._values.requires_grad:
-                # Earlier outputs' graphs saved this memory: write new tokens elsewhere.
-                self._keys = torch.zeros_like(self._keys, requires_grad=False)  # (B, h_kv, M, d_k)
-                self._values = torch.zeros_like(self._values, requires_grad=False)  # (B, h_kv, M, d_v)
+            # Fresh memory when earlier outputs' graphs may have saved this one, or when it is an
+            # inference tensor (copied under inference_mode) that could not be written outside it.
+            stale = self._keys.is_inference() and not torch.is_inference_mode_enabled()
+            if self._in_graph or stale:
+                self._keys = torch.zeros(self._keys.shape, dtype=self._dtype, device=self._device)
+                self._values = torch.zeros(self._values.shape, dtype=self._dtype, device=self._device)
+                self._in_graph = False
 
     def append(self, keys: Tensor, values: Tensor) -> KeyValue:
         """Add the keys and values of new tokens; return everything cached.
@@ -305,7 +311,8 @@ class KVCache:
                 f"keys have {keys.shape[2]} positions, but values have {values.shape[2]}: they come in pairs"
             )
         self.require_room(keys.shape[2])
-        return self._append_unchecked(keys, values)
+        recording = torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad)
+        return self._append_unchecked(keys, values, recording)
 
     def require_room(self, new: int) -> None:
         """Raise ``ValueError`` unless ``new`` more tokens fit (qkv checks before projecting)."""
@@ -315,24 +322,24 @@ class KVCache:
                 f"cannot take {new} more; create it with a larger max_length, or reset() it"
             )
 
-    def _append_unchecked(self, keys: Tensor, values: Tensor) -> KeyValue:
-        """:meth:`append` after the caller's checks; the dtype is checked here, where it is known."""
+    def _append_unchecked(self, keys: Tensor, values: Tensor, recording: bool) -> KeyValue:
+        """:meth:`append` after the caller's checks; the dtype is checked here, where it is known.
+
+        ``recording``: autograd records this step (anything that attention over the cache
+        saves for backward requires grad), so the memory it reads must not be overwritten.
+        """
         if keys.dtype is not self._dtype or values.dtype is not self._dtype:  # dtypes are singletons
             name, x = ("keys", keys) if keys.dtype != self._dtype else ("values", values)
             raise TypeError(
                 f"the new {name} have dtype {x.dtype}, but the cache holds {self._dtype}; create the "
-                f"cache with dtype={x.dtype} (module.new_cache(..., dtype={x.dtype}); under autocast, "
-                "new_cache called inside the autocast region picks its dtype)"
+                f"cache with dtype={x.dtype}, e.g. module.new_cache(..., dtype={x.dtype})"
             )
         start, end = self._length, self._length + keys.shape[2]
         stored_keys, stored_values = self._keys, self._values
-        if (
-            stored_keys.requires_grad
-            or stored_values.requires_grad
-            or (torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad))
-        ):
-            # Out of place, while the memory belongs to a graph: an in-place write would change
-            # what earlier steps saved for backward (even a write under torch.no_grad()).
+        if recording or self._in_graph:
+            # Out of place from a recorded step on (until reset): an in-place write would change
+            # what earlier steps saved for backward, even a write under torch.no_grad().
+            self._in_graph = True
             stored_keys = stored_keys.slice_scatter(keys, 2, start, end)  # (B, h_kv, M, d_k)
             stored_values = stored_values.slice_scatter(values, 2, start, end)  # (B, h_kv, M, d_v)
             self._keys, self._values = stored_keys, stored_values
@@ -343,7 +350,7 @@ class KVCache:
             except RuntimeError as error:
                 if stored_keys.is_inference() and not torch.is_inference_mode_enabled():
                     raise RuntimeError(
-                        "the cache was created under torch.inference_mode(), and its memory can be "
+                        "the cache's memory was allocated under torch.inference_mode(), and can be "
                         "written only there: decode inside torch.inference_mode() too, or create the "
                         "cache outside it"
                     ) from None

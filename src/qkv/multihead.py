@@ -91,6 +91,18 @@ def _autocast_enabled(device: torch.device) -> bool:
         return torch.is_autocast_enabled(device.type)
     except RuntimeError:  # a device type autocast does not know, such as meta
         return False
+    except TypeError:  # torch < 2.4 takes no device type
+        if device.type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return device.type == "cuda" and bool(torch.is_autocast_enabled())
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype:
+    """The dtype autocast computes in on ``device`` (where it is enabled)."""
+    try:
+        return torch.get_autocast_dtype(device.type)
+    except (TypeError, AttributeError):  # torch < 2.4
+        return torch.get_autocast_cpu_dtype() if device.type == "cpu" else torch.get_autocast_gpu_dtype()
 
 
 class _MultiHeadBase(nn.Module):
@@ -125,6 +137,11 @@ class _MultiHeadBase(nn.Module):
         if init not in INITS:
             raise ValueError(f'init must be "linear" or "torch", got {init!r}')
         self.init = init
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A module pickled whole before grouped-query attention existed has no num_kv_heads.
+        state.setdefault("num_kv_heads", state.get("num_heads"))
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
 
     def extra_repr(self) -> str:
         sizes = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
@@ -408,12 +425,16 @@ class _MultiHeadBase(nn.Module):
             value = key if value is None else value
             past = 0
             if cache is not None:
-                past = self._check_cache(cache, query, key)
+                if not isinstance(cache, KVCache):
+                    raise TypeError(f"cache must be a qkv.KVCache, got {type(cache).__name__}")
+                past = cache._length
             q, k, v, m, padding = require_multi_head_inputs(
                 query, key, value, mask, num_heads=self.num_heads, embed_dim=self.embed_dim,
                 kdim=self.kdim, vdim=self.vdim, batch_first=self.batch_first,
                 key_padding_mask=key_padding_mask, past=past,
             )  # fmt: skip
+            if cache is not None:
+                self._check_cache(cache, q, k)
             S = past + k.shape[1]
         flags_are_bools = type(need_weights) is bool and type(average_attn_weights) is bool
         if not (flags_are_bools and type(is_causal) is bool):
@@ -465,14 +486,9 @@ class _MultiHeadBase(nn.Module):
             )
         return keys
 
-    def _check_cache(self, cache: object, query: object, key: object) -> int:
-        """A cache that fits this module, the batch and the new tokens; returns its length."""
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a qkv.KVCache, got {type(cache).__name__}")
-        if not (isinstance(query, Tensor) and isinstance(key, Tensor) and query.dim() == key.dim() == 3):
-            return cache.length  # the input checks say what is wrong
-        batch, new = (key.shape[0], key.shape[1]) if self.batch_first else (key.shape[1], key.shape[0])
-        needed = (batch, self.num_kv_heads, self.d_k, self.d_v)
+    def _check_cache(self, cache: KVCache, query: Tensor, key: Tensor) -> None:
+        """A cache that fits this module, the (checked, batch-first) inputs and the new tokens."""
+        needed = (query.shape[0], self.num_kv_heads, self.d_k, self.d_v)
         if cache._sizes != needed:
             names = ("batch_size", "num_kv_heads", "d_k", "d_v")
             i = next(i for i in range(4) if cache._sizes[i] != needed[i])
@@ -485,17 +501,13 @@ class _MultiHeadBase(nn.Module):
         if cache._device != query.device:
             raise ValueError(f"cache is on {cache._device}, but query is on {query.device}")
         owner = cache._owner
-        if owner is None:
-            cache._owner = weakref.ref(self)
-        elif owner() is not self:
+        if owner is not None and owner() is not self:
             raise ValueError(
                 "cache holds the keys and values of another module: give each attention layer its "
                 "own cache (module.new_cache), or reset() this one first"
             )
-        length = cache._length
-        if length + new > cache.max_length:
-            cache.require_room(new)  # raises, with the numbers
-        return length
+        if cache._length + key.shape[1] > cache.max_length:
+            cache.require_room(key.shape[1])  # raises, with the numbers
 
     def _explain_failure(
         self, query: Tensor, key: Tensor | None, value: Tensor | None, first: str = "query"
@@ -743,7 +755,12 @@ class MultiHeadAttention(_MultiHeadBase):
             k = split_heads_unchecked(project(modules["k_proj"], key), h_kv)  # (B, h_kv, S_new, d_k)
             v = split_heads_unchecked(project(modules["v_proj"], value), h_kv)  # (B, h_kv, S_new, d_v)
             if cache is not None:
-                k, v = cache._append_unchecked(k, v)  # (B, h_kv, S, d_k), (B, h_kv, S, d_v): all so far
+                # Recording when anything attention saves for backward requires grad, the query included.
+                needs_grad = q.requires_grad or k.requires_grad or v.requires_grad
+                recording = needs_grad and torch.is_grad_enabled()
+                k, v = cache._append_unchecked(k, v, recording)  # (B, h_kv, S, d_k), (B, h_kv, S, d_v)
+                if cache._owner is None:
+                    cache._owner = weakref.ref(self)  # one cache, one layer
         weights = None
         grouped = h_kv != h
         if need_weights:
@@ -836,7 +853,8 @@ class MultiHeadAttention(_MultiHeadBase):
             The most tokens it will hold (prompt and generated), allocated now.
         dtype, device : optional
             Default: the device of the module's parameters, and their dtype, or the
-            autocast dtype when called inside an autocast region for that device.
+            autocast dtype when called inside an autocast region for that device
+            (autocast leaves float64 alone).
 
         Returns
         -------
@@ -853,8 +871,8 @@ class MultiHeadAttention(_MultiHeadBase):
         parameter = self.q_proj.weight
         if dtype is None:
             dtype = parameter.dtype
-            if _autocast_enabled(parameter.device):  # the projections will compute in the autocast dtype
-                dtype = torch.get_autocast_dtype(parameter.device.type)
+            if dtype != torch.float64 and _autocast_enabled(parameter.device):
+                dtype = _autocast_dtype(parameter.device)  # what the projections will compute in
         return KVCache(
             batch_size,
             self.num_kv_heads,
