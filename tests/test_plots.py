@@ -32,7 +32,13 @@ def test_plot_attention_with_tokens_and_annotations():
 
 def test_plot_heads_draws_one_map_per_head():
     figure = qkv.plot_heads(torch.softmax(torch.randn(3, 4, 6), -1), title="three heads")
-    assert len(figure.axes) == 4  # three maps and one shared colour bar
+    maps = [ax for ax in figure.axes if ax.images and ax.get_visible()]
+    assert len(maps) == 3 and len(figure.axes) == 5  # 3 maps, 1 hidden place, 1 shared colour bar
+    rows = sorted({round(ax.get_position().y0, 3) for ax in maps})
+    assert len(rows) == 2  # two to a row by default: readable at phone width
+    plt.close(figure)
+    figure = qkv.plot_heads(torch.softmax(torch.randn(3, 4, 6), -1), ncols=3)
+    assert len({round(ax.get_position().y0, 3) for ax in figure.axes if ax.images}) == 1
     plt.close(figure)
 
 

@@ -173,3 +173,10 @@ def test_requirements_pin_the_build() -> None:
     )
     unpinned = [line for line in lines if line != "-e ." and "==" not in line]
     assert not unpinned, f"requirements.txt must pin exact versions: {unpinned}"
+
+
+def test_stored_notebooks_stay_small() -> None:
+    """Figures are stored at twice the resolution: keep each chapter light to clone and open."""
+    for notebook in sorted((ROOT / "book").glob("*.ipynb")):
+        size = notebook.stat().st_size
+        assert size < 1_500_000, f"{notebook.name} is {size / 1e6:.1f} MB; shrink its figures"

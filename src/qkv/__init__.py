@@ -6,13 +6,14 @@ importable from the top level::
     import qkv
     output, weights = qkv.attention(query, key, value, mask=qkv.causal_mask(T))
 
-Submodules: :mod:`qkv.interop` (other libraries' layouts), :mod:`qkv.checks`
+Submodules: :mod:`qkv.diagrams` (pictures of the data flow, drawn from the
+objects), :mod:`qkv.interop` (other libraries' layouts), :mod:`qkv.checks`
 (property checks for any attention code), :mod:`qkv.gradients` (the backward
 pass by hand), :mod:`qkv.data` (synthetic tasks), :mod:`qkv.models` (small
 models) and :mod:`qkv.training` (the training loop).
 """
 
-from qkv import checks, data, gradients, interop, models, training
+from qkv import checks, data, diagrams, gradients, interop, models, training
 from qkv.attention import attention, fused_attention
 from qkv.cache import KeyValue, KVCache
 from qkv.heads import HeadWeights, merge_heads, multi_head_attention, split_heads
@@ -36,6 +37,7 @@ __all__ = [
     "causal_mask",
     "checks",
     "data",
+    "diagrams",
     "from_torch_mask",
     "fused_attention",
     "get_device",

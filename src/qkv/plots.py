@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from qkv._validation import shape_str
+from qkv._validation import require_positive_int, shape_str
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -138,8 +138,9 @@ def plot_heads(
     keys: Sequence[str] | None = None,
     title: str | None = None,
     vmax: float | None = 1.0,
+    ncols: int | None = None,
 ) -> Figure:
-    """Draw each head's attention map side by side, with one shared colour bar.
+    """Draw each head's attention map, at most ``ncols`` to a row, with one shared colour bar.
 
     Parameters
     ----------
@@ -151,6 +152,9 @@ def plot_heads(
         A title for the whole figure.
     vmax : float or None
         Top of the colour scale.
+    ncols : int, optional
+        Maps per row; default 2, so that a figure shown at phone width keeps its
+        labels readable (more heads wrap onto more rows).
 
     Returns
     -------
@@ -173,17 +177,21 @@ def plot_heads(
 
     array = _as_array(weights, 3, "(h, T, S)")
     heads = array.shape[0]
-    figure, axes = plt.subplots(
-        1, heads, figsize=(3.2 * heads + 1.0, 3.4), squeeze=False, layout="constrained"
+    columns = min(heads, 2 if ncols is None else require_positive_int("ncols", ncols))
+    rows = -(-heads // columns)  # ceiling division
+    figure, grid = plt.subplots(
+        rows, columns, figsize=(3.2 * columns + 1.0, 3.4 * rows), squeeze=False, layout="constrained"
     )
-    for i, ax in enumerate(axes[0]):
+    for ax in grid.flat[heads:]:
+        ax.set_visible(False)  # the last row's empty places
+    used = list(grid.flat[:heads])
+    for i, ax in enumerate(used):
         plot_attention(
             array[i], queries=queries, keys=keys, ax=ax, title=f"head {i}", colorbar=False, vmax=vmax
         )
-        if i:
-            ax.set_ylabel("")
-    image = axes[0][-1].images[0]
-    figure.colorbar(image, ax=list(axes[0]), label="attention weight")
+        if i % columns:
+            ax.set_ylabel("")  # the first map of each row carries the label
+    figure.colorbar(used[-1].images[0], ax=list(grid.flat), label="attention weight")
     if title:
         figure.suptitle(title)
     return figure

@@ -176,9 +176,28 @@ async () => {
 """
 
 
+# Every figure in the page's article (not the theme's buttons) needs alt text that says what
+# it shows: at least four words, not a file name or a hash (what myst-nb writes by default).
+MEANINGLESS_ALT_JS = """
+() => Array.from(document.querySelectorAll("article img"))
+    .filter((img) => {
+        const alt = (img.getAttribute("alt") || "").trim();
+        const words = alt.split(/\\s+/).filter((w) => /[A-Za-z]/.test(w));
+        return words.length < 4 || /^[0-9a-f]{16,}/i.test(alt) || /\\.(png|svg|jpe?g|gif)$/i.test(alt);
+    })
+    .map((img) => `${img.getAttribute("src")}: alt=${JSON.stringify(img.getAttribute("alt"))}`)
+"""
+
+
+def meaningless_alt(page) -> list[str]:
+    """The page's figures whose alt text does not say what they show."""
+    return page.evaluate(MEANINGLESS_ALT_JS)
+
+
 def check_page(page, problems: PageProblems) -> None:
     maths = page.evaluate(UNRENDERED_MATH_JS)
     broken_images = page.evaluate(BROKEN_IMAGES_JS)
+    no_alt = meaningless_alt(page)
     page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
     failures = []
     if problems.console_errors:
@@ -191,7 +210,30 @@ def check_page(page, problems: PageProblems) -> None:
         failures.append("maths MathJax did not render:\n  " + "\n  ".join(maths["unrendered"]))
     if broken_images:
         failures.append("images that did not load:\n  " + "\n  ".join(broken_images))
+    if no_alt:
+        failures.append(
+            "figures without alt text that says what they show (set mystnb.image.alt in the cell's "
+            "metadata):\n  " + "\n  ".join(no_alt)
+        )
     assert not failures, "\n".join(failures)
+
+
+def test_the_alt_text_check_catches_a_figure_without_it(browser) -> None:
+    """The check itself, on a page broken on purpose: hashed, empty and missing alt text fail."""
+    page = browser.new_page()
+    try:
+        page.set_content(
+            "<article>"
+            '<img src="a.png" alt="3f9c2b7e1d0a4c5b8e6f7a9d2c1b0e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d.png">'
+            '<img src="b.png" alt="">'
+            '<img src="c.png">'
+            '<img src="d.png" alt="An attention map: each row puts its weight on the previous token.">'
+            "</article>"
+        )
+        flagged = meaningless_alt(page)
+    finally:
+        page.close()
+    assert [entry.split(":")[0] for entry in flagged] == ["a.png", "b.png", "c.png"], flagged
 
 
 def test_site_has_pages() -> None:

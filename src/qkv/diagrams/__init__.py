@@ -1,0 +1,41 @@
+"""Diagrams drawn from the code: the data flow of attention, to scale, from real objects.
+
+Every function takes the tensors, weights or modules a chapter uses and draws
+them with the sizes and names read from those objects, so a picture cannot
+disagree with the code. One colour per role across the book (X grey, Q blue,
+K vermillion, V green, W^O purple; colour-blind safe) and one per head. Each
+returns a ``matplotlib.figure.Figure`` and prints nothing. matplotlib is needed:
+``pip install qkv[plot]``.
+"""
+
+from qkv.diagrams._draw import (
+    HEAD_COLOURS,
+    MASKED_COLOUR,
+    ROLE_COLOURS,
+    Cells,
+    cells,
+    matrix_names,
+    patches_by_gid,
+    texts_of,
+)
+from qkv.diagrams.flow import projection
+from qkv.diagrams.heads import heads_from_one_matrix, multi_head, reshape
+from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
+
+__all__ = [
+    "HEAD_COLOURS",
+    "MASKED_COLOUR",
+    "ROLE_COLOURS",
+    "Cells",
+    "attention_map",
+    "cells",
+    "cross_attention",
+    "decoding_step",
+    "heads_from_one_matrix",
+    "matrix_names",
+    "multi_head",
+    "patches_by_gid",
+    "projection",
+    "reshape",
+    "texts_of",
+]

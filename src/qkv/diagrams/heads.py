@@ -1,0 +1,362 @@
+"""Head diagrams: one big W^Q cut into heads, the reshape into heads, and the heads merged by W^O.
+
+See also
+--------
+The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from qkv._validation import require_bool, require_positive_int, require_size, shape_str
+from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, Canvas, as_matrix, head_colour, head_weights, ink_on
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = ["heads_from_one_matrix", "multi_head", "reshape"]
+
+# Inches that do not shrink with the cells: between blocks, for a label above a block and a
+# shape below it, for the title, and for a line of text.
+_GAP, _ABOVE, _BELOW, _TITLE, _LINE = 0.45, 0.3, 0.3, 0.3, 0.4
+
+# What each projection reads, and how its input is described in messages.
+_PROJECTIONS: dict[str, tuple[str, str]] = {
+    "q": ("(T, d_model)", "the layer's d_model"),
+    "k": ("(S, kdim)", "the layer's kdim"),
+    "v": ("(S, vdim)", "the layer's vdim"),
+}
+
+
+def _index(i: int) -> str:
+    """Head ``i`` (from 0) as a maths subscript, numbered from 1 as in the paper: ``3``, ``{10}``."""
+    return str(i + 1) if i < 9 else f"{{{i + 1}}}"
+
+
+def _em(canvas: Canvas, size: float = 1.0) -> float:
+    """One em of text at ``size`` times the canvas's font, in cell units."""
+    return canvas.inch(canvas.font * size / 72)
+
+
+def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") -> Figure:
+    """One big W^Q is h small W_i^Q side by side, and Q = X W^Q is the h products X W_i^Q side by side.
+
+    The top row is the fused projection ``X (T, d_model) × W^Q (d_model, h·d_k) =
+    Q (T, h·d_k)``, with W^Q's column block i (W_i^Q) and Q's column block i
+    (Q_i) in head i's colour. Below it, one row per head computes that head
+    alone, ``X × W_i^Q = Q_i``, each small block drawn under the block of the big
+    matrix it is (so the rows step to the right). Heads are numbered from 1 in
+    the labels, as in the paper; every block is drawn to scale and labelled with
+    its shape, read from the objects passed. Biases are left out. The figure
+    grows one row per head: it reads best with a few heads.
+
+    Parameters
+    ----------
+    x : Tensor, shape (T, d_in) or (B, T, d_in)
+        The input of the projection, d_in being d_model for Q, kdim for K and
+        vdim for V; of a batch, the first sequence is drawn.
+    layer : HeadWeights or a multi-head module
+        Where the weights come from (``to_heads()`` is called on a module).
+    projection : {"q", "k", "v"}
+        Which projection to draw. K and V have h_kv heads (fewer than h for
+        grouped-query weights), so W^K is cut into h_kv blocks.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The matrices are named ``"X"``, ``"W^Q"``, ``"Q"`` and, per head,
+        ``"X_1"``, ``"W_1^Q"``, ``"Q_1"``, ... (for :func:`qkv.diagrams.cells`).
+
+    See Also
+    --------
+    qkv.diagrams.projection : X through W^Q, W^K and W^V at once.
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> from qkv.diagrams.heads import heads_from_one_matrix
+    >>> mha = qkv.MultiHeadAttention(12, 3)
+    >>> figure = heads_from_one_matrix(torch.randn(5, 12), mha)
+    >>> texts = qkv.diagrams.texts_of(figure)
+    >>> [label for label in ("$W^Q$", "$W_3^Q$", "$Q_3$", "(12, 12)", "(12, 4)", "(5, 4)") if label in texts]
+    ['$W^Q$', '$W_3^Q$', '$Q_3$', '(12, 12)', '(12, 4)', '(5, 4)']
+    """
+    weights = head_weights(layer)
+    if not isinstance(projection, str):
+        raise TypeError(f'projection must be "q", "k" or "v", got {type(projection).__name__}')
+    if projection not in _PROJECTIONS:
+        raise ValueError(f'projection must be "q", "k" or "v", got {projection!r}')
+    layout, against = _PROJECTIONS[projection]
+    per_head = {"q": weights.w_q, "k": weights.w_k, "v": weights.w_v}[projection]  # (n, d_in, d)
+    x2 = as_matrix("x", x, layout=layout)  # (T, d_in)
+    require_size("x", x2, 1, per_head.shape[1], "features", against)
+    n, d_in, d = per_head.shape
+    fused = per_head.permute(1, 0, 2).reshape(d_in, n * d)  # (d_in, n·d): the heads' blocks side by side
+    T, width_out = x2.shape[0], fused.shape[1]  # Q = X W^Q is (T, n·d)
+    letter, role = projection.upper(), ROLE_COLOURS[projection]
+    colours = [head_colour(j // d) for j in range(width_out)]
+    kind = "head" if projection == "q" or n == weights.num_heads else "K/V head"
+
+    block_height = max(T, d_in)
+    label_room = _ABOVE + _BELOW
+    canvas = Canvas(
+        d_in + 2 * width_out,
+        (n + 1) * block_height,
+        extra_width=3 * _GAP,
+        extra_height=_TITLE + _LINE + (n + 1) * label_room + 0.1 * n,
+    )
+    gap = canvas.inch(_GAP)
+    x_w = gap / 2 + d_in + gap  # where W^Q starts, in every row
+    x_out = x_w + width_out + gap  # where Q starts, in every row
+    top = canvas.inch(_TITLE + _ABOVE)
+    canvas.title(f"One big $W^{letter}$ = {n} small $W_i^{letter}$ side by side, one per {kind}")
+    # The fused product, each head's block in its colour.
+    canvas.matrix(gap / 2, top, T, d_in, ROLE_COLOURS["x"], label="X", shape=tuple(x2.shape))
+    canvas.operator(x_w - gap / 2, top + T / 2, "×")
+    canvas.matrix(x_w, top, d_in, width_out, role, column_colours=colours, label=f"W^{letter}",
+                  shape=tuple(fused.shape), frame=role)  # fmt: skip
+    canvas.operator(x_out - gap / 2, top + T / 2, "=")
+    canvas.matrix(x_out, top, T, width_out, role, column_colours=colours, label=letter,
+                  shape=(T, width_out), frame=role)  # fmt: skip
+    if 2.2 * _em(canvas) < d:  # each block's name inside it, where it fits
+        for i in range(n):
+            ink = ink_on(head_colour(i))
+            w_name, out_name = f"$W_{_index(i)}^{letter}$", f"${letter}_{_index(i)}$"
+            canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, colour=ink, gid=f"{w_name}:inside")
+            canvas.text(x_out + i * d + d / 2, top + T / 2, out_name, colour=ink, gid=f"{out_name}:inside")
+    sentence = top + block_height + canvas.inch(_BELOW + _LINE / 2)
+    equation = f"$X\\,W_i^{letter} = {letter}_i$"
+    alone = f"each {kind} alone: {equation}, the same numbers as block $i$ above"
+    canvas.text(canvas.width / 2, sentence, alone)
+    # One row per head: the same X times that head's block alone, under the block it is.
+    heads_top = top + block_height + canvas.inch(_BELOW + _LINE + _ABOVE)
+    for i in range(n):
+        y = heads_top + i * (block_height + canvas.inch(label_room + 0.1))
+        canvas.matrix(gap / 2, y, T, d_in, ROLE_COLOURS["x"], label="X", gid=f"X_{i + 1}")
+        w_box = canvas.matrix(x_w + i * d, y, d_in, d, head_colour(i), label=f"W_{_index(i)}^{letter}",
+                              shape=tuple(per_head[i].shape), frame=role)  # fmt: skip
+        out_box = canvas.matrix(x_out + i * d, y, T, d, head_colour(i), label=f"{letter}_{_index(i)}",
+                                shape=(T, d), frame=role)  # fmt: skip
+        canvas.operator((gap / 2 + d_in + w_box["x"]) / 2, y + T / 2, "×")
+        canvas.operator((w_box["right"] + out_box["x"]) / 2, y + T / 2, "=")
+    return canvas.figure
+
+
+def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: bool = True) -> Figure:
+    """Splitting into heads: ``view(B, T, h, d_k).transpose(1, 2)``, and the bare ``view`` that mixes them.
+
+    Every entry of a (B, T, h·d_k) tensor is drawn as a cell coloured by the head
+    its feature belongs to and numbered with its position t. The right split,
+    ``x.view(B, T, h, d_k).transpose(1, 2)``, gives (B, h, T, d_k): head i's
+    block holds positions 0, ..., T-1 of head i's features, one colour. The
+    wrong one, ``x.view(B, h, T, d_k)``, has the right shape but fills each
+    "head" with consecutive entries of memory: features of several heads, and a
+    few positions. The cells are computed by applying both reshapes to a tensor
+    of codes (position · h + head), so the picture is what torch does. A 3-D
+    tensor is drawn as its slices along the first axis after the batch,
+    stacked; of the batch, the first sequence is drawn.
+
+    Parameters
+    ----------
+    num_heads : int
+        h.
+    length : int
+        T, the number of positions.
+    d_k : int
+        The features per head.
+    batch : int
+        B (every sequence of the batch is split alike).
+    wrong : bool
+        Also draw the wrong ``view(B, h, T, d_k)``.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The grids are named ``"right.input"``, ``"right.position1"``, ...,
+        ``"right.head1"``, ... and ``"wrong.input"``, ``"wrong.head1"``, ...
+        (for :func:`qkv.diagrams.cells`: colours and numbers, cell by cell).
+
+    See Also
+    --------
+    qkv.split_heads : the right split.
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
+
+    Examples
+    --------
+    >>> import qkv
+    >>> from qkv.diagrams.heads import reshape
+    >>> figure = reshape(3, 5, 4)
+    >>> [row[0] for row in qkv.diagrams.cells(figure, "right.head1").text]  # head 1: every position
+    ['0', '1', '2', '3', '4']
+    >>> [row[0] for row in qkv.diagrams.cells(figure, "wrong.head1").text]  # "head 1": positions 0 and 1
+    ['0', '0', '0', '1', '1']
+    """
+    h = require_positive_int("num_heads", num_heads)
+    T = require_positive_int("length", length)
+    d = require_positive_int("d_k", d_k)
+    B = require_positive_int("batch", batch)
+    wrong = require_bool("wrong", wrong)
+    # Each entry holds its position and head, as position · h + head; then the reshapes, by torch.
+    positions = torch.arange(T)[:, None].expand(T, h * d)  # (T, h·d)
+    heads = (torch.arange(h * d) // d)[None, :].expand(T, h * d)  # (T, h·d)
+    codes = (positions * h + heads).expand(B, T, h * d).contiguous()  # (B, T, h·d)
+    split = codes.view(B, T, h, d)  # (B, T, h, d)
+    right = split.transpose(1, 2)  # (B, h, T, d)
+    jumbled = codes.view(B, h, T, d)  # (B, h, T, d): the right shape, the wrong entries
+
+    arrow, margin, names = 1.35, 0.15, 0.8  # inches: an arrow and its code, the edges, "head 1"
+    slice_gap, head_gap = 0.06, 0.12  # inches between the slices of a stack
+    rows = 2 if wrong else 1
+    stack_inches = max((T - 1) * slice_gap, (h - 1) * head_gap)
+    heading = 0.35
+    canvas = Canvas(
+        h * d + 2 * d,
+        rows * T * h,
+        extra_width=2 * margin + 2 * arrow + names,
+        extra_height=_TITLE + rows * (heading + _ABOVE + stack_inches + _BELOW) + (rows - 1) * 0.15 + 0.1,
+    )
+    stack_height = T * h + canvas.inch(stack_inches)  # every stack, in cell units
+    x_input = canvas.inch(margin)
+    x_middle = x_input + h * d + canvas.inch(arrow)
+    x_heads = x_middle + d + canvas.inch(arrow)
+    canvas.title("Splitting features into heads: colour = the feature's head, number = its position")
+
+    def grid(x: float, y: float, cells: torch.Tensor, gid: str) -> None:
+        """A (rows, cols) slice of codes: each cell in its head's colour, numbered with its position."""
+        colours = [[head_colour(int(code) % h) for code in row] for row in cells]
+        numbers = [[str(int(code) // h) for code in row] for row in cells]
+        canvas.matrix(x, y, cells.shape[0], cells.shape[1], EDGE_COLOUR, cell_colours=colours,
+                      cell_text=numbers, gid=gid)  # fmt: skip
+
+    def stack(x: float, y: float, tensor: torch.Tensor, gap: float, gid: str, name: str | None) -> None:
+        """The slices of a 3-D tensor along its first axis, stacked downwards, centred in the row."""
+        count, rows_each = tensor.shape[0], tensor.shape[1]
+        step = rows_each + canvas.inch(gap)
+        y0 = y + (stack_height - count * step + canvas.inch(gap)) / 2
+        for k in range(count):
+            grid(x, y0 + k * step, tensor[k], f"{gid}{k + 1}")
+            if name is not None:
+                middle = y0 + k * step + rows_each / 2
+                canvas.text(x + d + canvas.inch(0.06), middle, f"{name} {k + 1}", ha="left", size=0.85)
+
+    def axes(x: float, y: float, cols: float, height: float, names: str, shape: torch.Size) -> None:
+        """The axes' names above a drawn tensor, its sizes below."""
+        canvas.text(x + cols / 2, y - canvas.inch(0.06), names, va="bottom", size=0.85)
+        canvas.text(x + cols / 2, y + height + canvas.inch(0.05), shape_str(shape), va="top", size=0.85)
+
+    headings = {
+        "right": "Right: .view(B, T, h, d_k).transpose(1, 2): each head holds every position",
+        "wrong": "Wrong: .view(B, h, T, d_k): each “head” mixes heads and positions",
+    }
+    row_step = stack_height + canvas.inch(heading + _ABOVE + _BELOW + 0.15)
+    for r, name in enumerate(("right", "wrong") if wrong else ("right",)):
+        top = canvas.inch(_TITLE + heading + _ABOVE) + r * row_step
+        canvas.text(x_input, top - canvas.inch(_ABOVE + 0.08), headings[name], ha="left", va="bottom",
+                    weight="bold")  # fmt: skip
+        middle = top + stack_height / 2
+        grid(x_input, middle - T / 2, codes[0], f"{name}.input")
+        axes(x_input, middle - T / 2, h * d, T, "(B, T, h·d_k)", codes.shape)
+        arrow_gap = canvas.inch(0.05)
+        if name == "right":
+            canvas.arrow(x_input + h * d + arrow_gap, middle, x_middle - arrow_gap, middle,
+                         label=".view(B, T, h, d_k)")  # fmt: skip
+            stack(x_middle, top, split[0], slice_gap, "right.position", None)
+            axes(x_middle, top, d, stack_height, "(B, T, h, d_k)", split.shape)
+            canvas.arrow(x_middle + d + arrow_gap, middle, x_heads - arrow_gap, middle,
+                         label=".transpose(1, 2)")  # fmt: skip
+            stack(x_heads, top, right[0], head_gap, "right.head", "head")
+            axes(x_heads, top, d, stack_height, "(B, h, T, d_k)", right.shape)
+        else:
+            canvas.arrow(x_input + h * d + arrow_gap, middle, x_heads - arrow_gap, middle,
+                         label=".view(B, h, T, d_k)")  # fmt: skip
+            stack(x_heads, top, jumbled[0], head_gap, "wrong.head", "“head”")
+            axes(x_heads, top, d, stack_height, "(B, h, T, d_k)", jumbled.shape)
+    return canvas.figure
+
+
+def multi_head(layer: object, x: object) -> Figure:
+    """Concat(head_1, ..., head_h) W^O: the heads' outputs side by side, then mixed by W^O.
+
+    The top row is the h heads' outputs, head_i = Attention(Q_i, K_i, V_i) of
+    shape (T, d_v), each in its head's colour; below, they are concatenated
+    along the features into (T, h·d_v), whose column block i is head i, and
+    multiplied by W^O (h·d_v, d_model) into the output (T, d_model). Every block
+    is drawn to scale and labelled with its shape, read from the objects
+    passed; the bias b^O is left out.
+
+    Parameters
+    ----------
+    layer : HeadWeights or a multi-head module
+        Where h, d_v and W^O come from (``to_heads()`` is called on a module).
+    x : Tensor, shape (T, d_model) or (B, T, d_model)
+        The query input, which gives T; of a batch, the first sequence.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The matrices are named ``"head_1"``, ..., ``"concat"``, ``"W^O"`` and
+        ``"output"`` (for :func:`qkv.diagrams.cells`).
+
+    See Also
+    --------
+    qkv.merge_heads : the concatenation.
+    :doc:`heads` : the chapter "One big W^Q or one per head?".
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> from qkv.diagrams.heads import multi_head
+    >>> mha = qkv.MultiHeadAttention(12, 3, d_v=2)
+    >>> figure = multi_head(mha, torch.randn(5, 12))
+    >>> sorted({t for t in qkv.diagrams.texts_of(figure) if t.startswith("(")})
+    ['(5, 12)', '(5, 2)', '(5, 6)', '(6, 12)']
+    """
+    weights = head_weights(layer)
+    x2 = as_matrix("x", x, layout="(T, d_model)")  # (T, d_model)
+    require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
+    T = x2.shape[0]
+    h, d_v = weights.num_heads, weights.d_v
+    w_o = weights.w_o  # (h·d_v, d_model)
+    concat_width, d_model = w_o.shape
+    colours = [head_colour(j // d_v) for j in range(concat_width)]
+
+    down = 0.55  # inches: the arrow from the heads down to their concatenation
+    canvas = Canvas(
+        concat_width + 2 * d_model,
+        T + max(T, concat_width),
+        extra_width=3 * _GAP,
+        extra_height=_TITLE + 2 * (_ABOVE + _BELOW) + down,
+    )
+    gap = canvas.inch(_GAP)
+    x_w = gap / 2 + concat_width + gap
+    x_out = x_w + d_model + gap
+    # The heads over their concatenation, spread so that their labels head_i fit.
+    head_gap = max(canvas.inch(0.12), 3.8 * _em(canvas, 1.15) - d_v)
+    if h > 1:
+        head_gap = min(head_gap, (x_w - gap / 2 - h * d_v) / (h - 1))  # within the canvas
+    heads_width = h * d_v + (h - 1) * head_gap
+    centre = gap / 2 + concat_width / 2
+    x_heads = max(gap / 2, centre - heads_width / 2)
+    top = canvas.inch(_TITLE + _ABOVE)
+    concat_top = top + T + canvas.inch(_BELOW + down + _ABOVE)
+    canvas.title("Multi-head attention: $\\mathrm{Concat}(\\mathrm{head}_1, …, \\mathrm{head}_h)\\,W^O$")
+    for i in range(h):
+        canvas.matrix(x_heads + i * (d_v + head_gap), top, T, d_v, head_colour(i),
+                      label=f"\\mathrm{{head}}_{_index(i)}", shape=(T, d_v), gid=f"head_{i + 1}")  # fmt: skip
+    arrow_top, arrow_bottom = top + T + canvas.inch(_BELOW), concat_top - canvas.inch(_ABOVE)
+    canvas.arrow(centre, arrow_top, centre, arrow_bottom)
+    canvas.text(centre + canvas.inch(0.1), (arrow_top + arrow_bottom) / 2, "concatenate the features",
+                ha="left", size=0.85)  # fmt: skip
+    canvas.matrix(gap / 2, concat_top, T, concat_width, EDGE_COLOUR, column_colours=colours,
+                  label="\\mathrm{Concat}", shape=(T, concat_width), gid="concat")  # fmt: skip
+    canvas.operator(x_w - gap / 2, concat_top + T / 2, "×")
+    canvas.matrix(x_w, concat_top, concat_width, d_model, ROLE_COLOURS["o"], label="W^O",
+                  shape=tuple(w_o.shape))  # fmt: skip
+    canvas.operator(x_out - gap / 2, concat_top + T / 2, "=")
+    canvas.matrix(x_out, concat_top, T, d_model, ROLE_COLOURS["o"], label="\\mathrm{output}",
+                  shape=(T, d_model), gid="output")  # fmt: skip
+    return canvas.figure

@@ -1,0 +1,893 @@
+"""Inference diagrams: cross-attention in every decoder layer, a decoding step with a KV cache, masks.
+
+Three pictures of attention at work, each drawn from the objects a chapter uses:
+
+- :func:`cross_attention`: every decoder layer projects the *same* encoder output
+  through its *own* W^K and W^V, and its decoder states through its own W^Q;
+  T queries against S keys.
+- :func:`decoding_step`: one new token, its query heads against the cached keys and
+  values of their K/V head, and the cache growing by one row.
+- :func:`attention_map`: attention weights, one row per query, with the masked
+  cells drawn as what they are: blocked, not small.
+
+See also
+--------
+The chapter "Cross-attention" (book/cross_attention.ipynb), for K and V made from
+the encoder's output inside each decoder layer, and computed once per source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from qkv._validation import broadcasts_to, require_positive_int, require_size, shape_str
+from qkv.cache import KVCache
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    FONT,
+    MASKED_COLOUR,
+    MASKED_HATCH,
+    ROLE_COLOURS,
+    TEXT_COLOUR,
+    Canvas,
+    Cells,
+    as_matrix,
+    head_colour,
+    head_weights,
+    math,
+    register_cells,
+    require_matplotlib,
+)
+from qkv.heads import HeadWeights
+from qkv.multihead import MultiHeadAttention
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["attention_map", "cross_attention", "decoding_step"]
+
+# --- Geometry shared by the two block diagrams ---------------------------------------------------
+#
+# Blocks are drawn in cell units (one unit = one entry), text in inches: a label must stay
+# readable however small the cells get. A 7-inch figure shown 390 px wide has 56 px per inch,
+# so text is set at 12 pt (shape labels 10 pt, about 8 px there) whatever the cell size, and the
+# room it needs is reserved in inches and converted to units once the unit is known.
+
+_MAX_WIDTH = 7.0  # inches: the book's column
+_MAX_UNIT = 0.16  # inches per cell when there is room (Canvas's default)
+_MIN_WIDTH = 6.5  # inches: room for a title and a legend, however small the matrices
+_FONT = FONT  # points, as every diagram
+_GRID_UNIT = 0.07  # below this many inches per cell, white grid lines would hide the colour
+
+
+@dataclass(frozen=True)
+class _Scale:
+    """Inches per cell unit, and the room text needs, in units."""
+
+    unit: float
+
+    def units(self, inches: float) -> float:
+        return inches / self.unit
+
+    @property
+    def above(self) -> float:
+        """Room above a block for its label (maths, 1.15 × the font, 0.06 inch above the block)."""
+        return self.units(0.06 + 1.15 * _FONT * 1.6 / 72)
+
+    @property
+    def below(self) -> float:
+        """Room below a block for its shape (0.85 × the font, 0.05 inch below the block)."""
+        return self.units(0.05 + 0.85 * _FONT * 1.6 / 72)
+
+    @property
+    def line(self) -> float:
+        """One line of text."""
+        return self.units(_FONT * 1.9 / 72)
+
+    @property
+    def grid(self) -> bool:
+        return self.unit >= _GRID_UNIT
+
+
+def _unit(parts: Sequence[tuple[float, float]]) -> float:
+    """The largest unit at which every part, ``units`` of cells plus ``inches`` of text, fits the column."""
+    unit = _MAX_UNIT
+    for cells, inches in parts:
+        unit = min(unit, (_MAX_WIDTH - inches) / cells)
+    return unit
+
+
+def _canvas(width: float, height: float, scale: _Scale) -> Canvas:
+    canvas = Canvas(width, height, unit=scale.unit, max_width=_MAX_WIDTH)
+    canvas.font = _FONT  # readable at 390 px whatever the cell size (see above)
+    return canvas
+
+
+def _lighter(colour: str) -> str:
+    """``colour`` moved towards white, dark colours further than light ones, so that each stays visible."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    red, green, blue = to_rgb(colour)
+    amount = 0.1 + 0.6 * (1 - (0.2126 * red + 0.7152 * green + 0.0722 * blue))  # by luminance
+    return to_hex((red + (1 - red) * amount, green + (1 - green) * amount, blue + (1 - blue) * amount))
+
+
+def _head_dividers(canvas: Canvas, box: dict[str, float], size: int) -> None:
+    """White lines between the heads of a block whose columns are heads of ``size`` columns each."""
+    for c in range(size, int(box["cols"]), size):
+        canvas.ax.plot([box["x"] + c] * 2, [box["y"], box["bottom"]], color="#FFFFFF", linewidth=1.8)
+
+
+def _line(canvas: Canvas, xs: Sequence[float], ys: Sequence[float]) -> None:
+    canvas.ax.plot(xs, ys, color=EDGE_COLOUR, linewidth=1.0, solid_capstyle="butt")
+
+
+# --- Cross-attention ---------------------------------------------------------------------------
+
+
+def _decoder_layers(decoder: object) -> tuple[list[object], int | None]:
+    """The decoder layers of a model, a layer or a sequence of layers; and the encoder's depth, if known."""
+    from qkv.models import TinyEncoderDecoder
+
+    if isinstance(decoder, TinyEncoderDecoder):
+        return list(decoder.decoder), len(decoder.encoder)
+    if hasattr(decoder, "cross_attn"):
+        return [decoder], None
+    if isinstance(decoder, (Sequence, nn.ModuleList)) and not isinstance(decoder, (str, bytes)):
+        layers = list(decoder)
+        if not layers:
+            raise ValueError(
+                "decoder has no layers: pass a model, a decoder layer or a non-empty list of them"
+            )
+        return layers, None
+    raise TypeError(
+        "decoder must be a qkv.models.TinyEncoderDecoder, a decoder layer with a cross_attn module "
+        f"(qkv.models.DecoderLayer) or a sequence of them, got {type(decoder).__name__}"
+    )
+
+
+def _cross_weights(layers: Sequence[object]) -> list[HeadWeights]:
+    found = []
+    for i, layer in enumerate(layers):
+        module = getattr(layer, "cross_attn", None)
+        if module is None:
+            raise TypeError(
+                f"decoder layer {i} ({type(layer).__name__}) has no cross_attn: a decoder layer reads the "
+                "encoder through a cross-attention module named cross_attn (as qkv.models.DecoderLayer)"
+            )
+        try:
+            found.append(head_weights(module))
+        except TypeError as error:
+            raise TypeError(f"decoder layer {i}'s cross_attn: {error}") from None
+    return found
+
+
+def cross_attention(decoder: object, memory: object, target: object, *, max_layers: int = 2) -> Figure:
+    """Cross-attention in each decoder layer: its own W^Q, W^K, W^V; one encoder output for all.
+
+    The encoder's output ``enc`` (its last layer's, S × d_enc) is drawn once, at the
+    top, and a line carries it to every decoder layer drawn. In each layer three
+    rows, every block to scale: ``dec (T, d_dec) × W^Q = Q``, ``enc × W^K = K`` and
+    ``enc × W^V = V``, each W that layer's own, with white lines between heads;
+    then Q and K meet in the T × S scores, T queries against S keys (one such
+    matrix per head). The sizes are read from the objects passed.
+
+    Parameters
+    ----------
+    decoder : TinyEncoderDecoder, DecoderLayer, or a sequence of decoder layers
+        A :class:`qkv.models.TinyEncoderDecoder` (its ``decoder`` layers), one
+        :class:`qkv.models.DecoderLayer`, or a list or ``nn.ModuleList`` of layers;
+        each must have a ``cross_attn`` module (a :class:`qkv.MultiHeadAttention` or
+        anything with ``to_heads()``).
+    memory : Tensor, shape (S, d_enc) or (B, S, d_enc)
+        The encoder's output, e.g. ``model.encode(source, source_lengths)``; of a
+        batch, the first sequence is drawn. d_enc must be every layer's ``kdim``
+        and ``vdim``.
+    target : Tensor, shape (T, d_dec) or (B, T, d_dec)
+        The decoder states that reach the cross-attention (only their shape is
+        drawn), e.g. the target's embeddings; d_dec must be every layer's
+        ``embed_dim``.
+    max_layers : int
+        Draw at most this many decoder layers, the first ones (the figure says
+        how many more there are).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    See Also
+    --------
+    decoding_step, attention_map
+    :doc:`cross_attention` : the chapter "Cross-attention".
+
+    Examples
+    --------
+    >>> import torch
+    >>> from qkv.diagrams import texts_of
+    >>> from qkv.diagrams.inference import cross_attention
+    >>> from qkv.models import EncoderDecoderConfig, TinyEncoderDecoder
+    >>> config = EncoderDecoderConfig(11, 13, encoder_dim=9, decoder_dim=12, num_heads=3, decoder_layers=2)
+    >>> model = TinyEncoderDecoder(config)
+    >>> memory = model.encode(torch.randint(1, 11, (1, 7)), torch.tensor([7]))  # (1, 7, 9)
+    >>> figure = cross_attention(model, memory, torch.zeros(4, 12))
+    >>> [t for t in ("(7, 9)", "(9, 12)", "(4, 12)", "(7, 12)", "(4, 7)") if t not in texts_of(figure)]
+    []
+    """
+    layers, encoder_depth = _decoder_layers(decoder)
+    max_layers = require_positive_int("max_layers", max_layers)
+    weights = _cross_weights(layers)
+    enc = as_matrix("memory", memory, layout="(S, d_enc)")
+    dec = as_matrix("target", target, layout="(T, d_dec)")
+    if (
+        isinstance(memory, torch.Tensor)
+        and isinstance(target, torch.Tensor)
+        and memory.dim() == target.dim() == 3
+    ):
+        require_size("target", target, 0, memory.shape[0], "sequences", "memory's batch size")
+    for i, w in enumerate(weights):
+        require_size("memory", enc, 1, w.kdim, "features", f"decoder layer {i}'s cross_attn kdim")
+        require_size("memory", enc, 1, w.vdim, "features", f"decoder layer {i}'s cross_attn vdim")
+        require_size("target", dec, 1, w.embed_dim, "features", f"decoder layer {i}'s cross_attn embed_dim")
+    drawn = weights[:max_layers]
+    T, d_dec = dec.shape
+    S, d_enc = enc.shape
+
+    # Columns: the bus, inputs, W, products, scores; each gap holds an operator.
+    input_cols = max(d_dec, d_enc)
+    w_cols = max(max(w.num_heads * w.d_k, w.num_kv_heads * w.d_k, w.num_kv_heads * w.d_v) for w in drawn)
+    gap_in, bus_in, margin_in = 0.4, 0.3, 0.35  # the right margin holds half the scores' label
+    scale = _Scale(_unit([(input_cols + 2 * w_cols + S, 3 * gap_in + bus_in + margin_in)]))
+    gap, bus_x = scale.units(gap_in), scale.units(bus_in) / 2
+    x_in = scale.units(bus_in)
+    x_w = x_in + input_cols + gap
+    x_out = x_w + w_cols + gap
+    x_scores = x_out + w_cols + gap
+    width = max(x_scores + S + scale.units(margin_in), scale.units(_MIN_WIDTH))
+
+    title_h = scale.line * 1.4
+    enc_h = scale.above + S + scale.below + scale.units(0.1)
+    q_h = scale.above + max(T, d_dec) + scale.below
+    kv_h = [scale.above + max(S, w.kdim) + scale.below for w in drawn]
+    layer_h = [scale.line + q_h + 2 * kv for kv in kv_h]
+    footer_h = scale.line * 1.3 if len(weights) > len(drawn) else scale.units(0.1)
+    height = title_h + enc_h + sum(layer_h) + footer_h
+    canvas = _canvas(width, height, scale)
+    grid = scale.grid
+
+    canvas.title("Each decoder layer makes its own K and V from one encoder output")
+    top = title_h + scale.above
+    enc_box = canvas.matrix(
+        x_in, top, S, d_enc, ROLE_COLOURS["x"], label=r"\mathrm{enc}", shape=(S, d_enc), grid=grid, gid="enc"
+    )
+    after = {None: "its last layer", 1: "its one layer"}.get(encoder_depth, f"its {encoder_depth} layers")
+    canvas.text(
+        enc_box["right"] + gap / 2,
+        top + S / 2,
+        f"the encoder's output, after {after}:\ncomputed once, read by every decoder layer",
+        ha="left",
+        size=0.9,
+        gid="enc:caption",
+    )
+    # The bus: from enc down the left margin, with a branch into every W^K and W^V.
+    branches: list[float] = []
+    y = title_h + enc_h
+    for i, w in enumerate(drawn):
+        canvas.text(
+            x_in,
+            y + scale.line / 2,
+            f"decoder layer {i}: T = {T} queries, S = {S} keys, {w.num_heads} heads of $d_k$ = {w.d_k}",
+            ha="left",
+            size=0.95,
+            weight="bold",
+            gid=f"layer{i}:header",
+        )
+        y += scale.line
+        # Q row: the decoder states through this layer's W^Q.
+        top = y + scale.above
+        canvas.matrix(
+            x_in,
+            top,
+            T,
+            d_dec,
+            ROLE_COLOURS["x"],
+            label=r"\mathrm{dec}",
+            shape=(T, d_dec),
+            grid=grid,
+            gid=f"dec{i}",
+        )
+        canvas.operator(x_w - gap / 2, top + T / 2, "×")
+        q_cols = w.num_heads * w.d_k
+        box = canvas.matrix(
+            x_w,
+            top,
+            d_dec,
+            q_cols,
+            ROLE_COLOURS["q"],
+            label=f"W^Q_{i}",
+            shape=(d_dec, q_cols),
+            grid=grid,
+            gid=f"W^Q{i}",
+        )
+        _head_dividers(canvas, box, w.d_k)
+        canvas.operator(x_out - gap / 2, top + T / 2, "=")
+        q_box = canvas.matrix(
+            x_out,
+            top,
+            T,
+            q_cols,
+            ROLE_COLOURS["q"],
+            label=f"Q_{i}",
+            shape=(T, q_cols),
+            grid=grid,
+            gid=f"Q{i}",
+        )
+        _head_dividers(canvas, q_box, w.d_k)
+        canvas.arrow(q_box["right"] + 0.3, top + T / 2, x_scores - 0.3, top + T / 2)
+        scores = canvas.matrix(
+            x_scores,
+            top,
+            T,
+            S,
+            ROLE_COLOURS["weights"],
+            label=r"QK^\top",
+            shape=(T, S),
+            grid=grid,
+            gid=f"scores{i}",
+        )
+        y += q_h
+        # K and V rows: the one encoder output through this layer's W^K and W^V.
+        k_box: dict[str, float] = {}
+        for role, w_name, cols, size in (
+            ("k", "K", w.num_kv_heads * w.d_k, w.d_k),
+            ("v", "V", w.num_kv_heads * w.d_v, w.d_v),
+        ):
+            top = y + scale.above
+            middle = top + min(S, d_enc) / 2
+            branches.append(middle)
+            canvas.arrow(bus_x, middle, x_w - gap / 2 - scale.units(0.12), middle, label=r"$\mathrm{enc}$")
+            canvas.operator(x_w - gap / 2, middle, "×")
+            box = canvas.matrix(
+                x_w,
+                top,
+                d_enc,
+                cols,
+                ROLE_COLOURS[role],
+                label=f"W^{w_name}_{i}",
+                shape=(d_enc, cols),
+                grid=grid,
+                gid=f"W^{w_name}{i}",
+            )
+            _head_dividers(canvas, box, size)
+            canvas.operator(x_out - gap / 2, middle, "=")
+            box = canvas.matrix(
+                x_out,
+                top,
+                S,
+                cols,
+                ROLE_COLOURS[role],
+                label=f"{w_name}_{i}",
+                shape=(S, cols),
+                grid=grid,
+                gid=f"{w_name}{i}",
+            )
+            _head_dividers(canvas, box, size)
+            if role == "k":
+                k_box = box
+            y += kv_h[i]
+        # K meets Q in the scores: an arrow from K up to the scores' shape label.
+        canvas.arrow(
+            k_box["right"] + 0.3, k_box["y"] + S / 2, scores["x"] + S / 2, scores["bottom"] + scale.below
+        )
+    _line(canvas, [enc_box["x"], bus_x, bus_x], [enc_box["y"] + S / 2, enc_box["y"] + S / 2, branches[-1]])
+    if len(weights) > len(drawn):
+        more = len(weights) - len(drawn)
+        canvas.text(
+            x_in,
+            y + scale.line / 2,
+            f"… and {more} more decoder layer{'s' if more > 1 else ''}, each with its own $W^K$ and $W^V$ "
+            "reading enc",
+            ha="left",
+            size=0.9,
+        )
+    return canvas.figure
+
+
+# --- One decoding step with a KV cache --------------------------------------------------------
+
+
+def _require_fits(layer: MultiHeadAttention, cache: KVCache) -> None:
+    for what, got, expected, name in (
+        ("K/V heads", cache.num_kv_heads, layer.num_kv_heads, "num_kv_heads"),
+        ("keys of size d_k =", cache.d_k, layer.d_k, "d_k"),
+        ("values of size d_v =", cache.d_v, layer.d_v, "d_v"),
+    ):
+        if got != expected:
+            held = f"{got} {what}" if what == "K/V heads" else f"{what} {got}"
+            raise ValueError(
+                f"cache holds {held}, but layer.{name} is {expected}: the cache belongs to another layer; "
+                "make one for this layer with layer.new_cache(batch_size, max_length)"
+            )
+    cache.require_room(1)  # a full cache cannot take the step drawn
+
+
+def decoding_step(layer: object, cache: object) -> Figure:
+    """One decoding step with a KV cache: the new token's queries against the cached keys and values.
+
+    At the top, the new token x_t (1 × d_model) and its projections q_t, k_t, v_t,
+    one row each, coloured by head. Below, one panel per K/V head j: the query
+    heads that share it (head i uses K/V head ``i // (h / h_kv)``), each a
+    1 × d_k row, and that head's keys K_j and values V_j, (length + 1) × d_k and
+    (length + 1) × d_v: the cached rows light, the new row (this step's k_t and
+    v_t, appended) in full colour and outlined. Query heads are drawn in the
+    colour of the K/V head they read, so the grouping reads at a glance; frames
+    keep the roles' colours (Q blue, K vermillion, V green).
+
+    Parameters
+    ----------
+    layer : qkv.MultiHeadAttention
+        The attention layer that is decoding; its ``num_heads``, ``num_kv_heads``,
+        ``embed_dim``, ``d_k`` and ``d_v`` set every size.
+    cache : qkv.KVCache
+        That layer's cache before the step (e.g. ``layer.new_cache(...)`` after
+        a prompt): ``cache.length`` tokens are cached, and it must have room for
+        one more.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    See Also
+    --------
+    cross_attention, attention_map
+    qkv.KVCache : the cache, and how a step uses it.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> from qkv.diagrams import cells
+    >>> from qkv.diagrams.inference import decoding_step
+    >>> mha = qkv.MultiHeadAttention(24, 6, num_kv_heads=2)
+    >>> cache = mha.new_cache(batch_size=1, max_length=8)
+    >>> _ = mha(torch.randn(1, 5, 24), cache=cache, is_causal=True)  # a prompt of 5 tokens
+    >>> figure = decoding_step(mha, cache)
+    >>> keys = cells(figure, "K0").colours  # K/V head 0's keys after the step
+    >>> len(keys), len(keys[0])  # (5 cached + 1 new, d_k)
+    (6, 4)
+    >>> cells(figure, "q_t").colours[0][2 * 4] == keys[-1][0]  # query head 2 reads K/V head 0
+    True
+    """
+    if not isinstance(layer, MultiHeadAttention):
+        raise TypeError(
+            "layer must be a qkv.MultiHeadAttention (the module that decodes with a KVCache), got "
+            f"{type(layer).__name__}"
+        )
+    if not isinstance(cache, KVCache):
+        raise TypeError(
+            f"cache must be a qkv.KVCache (e.g. layer.new_cache(...)), got {type(cache).__name__}"
+        )
+    _require_fits(layer, cache)
+    h, h_kv, d_k, d_v, d_model = layer.num_heads, layer.num_kv_heads, layer.d_k, layer.d_v, layer.embed_dim
+    group = h // h_kv  # query heads per K/V head
+    cached = cache.length
+    rows = cached + 1  # after the step
+
+    # Widths: the top rows (label, block, shape) and the panels (q labels, q, K, V), side by side
+    # as long as that does not shrink the cells by more than a tenth.
+    top_cols = max(d_model, h * d_k)
+    label_in, shape_in, gap_in, panel_gap_in, margin_in = 1.3, 0.75, 0.35, 0.4, 0.15
+    q_label_in = 0.55
+    panel_cols = d_k + d_k + d_v
+    panel_in = q_label_in + 2 * gap_in
+    top_part = (top_cols, label_in + shape_in + 2 * margin_in)
+
+    def unit_for(columns: int) -> float:
+        panels_in = columns * panel_in + (columns - 1) * panel_gap_in + 2 * margin_in
+        return _unit([top_part, (columns * panel_cols, panels_in)])
+
+    columns = 1
+    for n in range(min(h_kv, 3), 1, -1):
+        if unit_for(n) >= 0.9 * unit_for(1):
+            columns = n
+            break
+    scale = _Scale(unit_for(columns))
+    gap, panel_gap = scale.units(gap_in), scale.units(panel_gap_in)
+    panel_w = scale.units(q_label_in) + panel_cols + 2 * gap
+    margin = scale.units(margin_in)
+    x_block = margin + scale.units(label_in)
+    panels_w = margin + columns * panel_w + (columns - 1) * panel_gap
+    width = max(x_block + top_cols + scale.units(shape_in), panels_w) + margin
+    width = max(width, scale.units(_MIN_WIDTH))  # room for the title and the legend
+
+    title_h = scale.line * 1.4
+    top_row = max(2.0, scale.units(0.34))
+    tops_h = 4 * top_row + scale.units(0.15)
+    q_step = max(2.0, scale.units(0.32))
+    panel_h = scale.line + scale.above + max(group * q_step - (q_step - 1), rows) + scale.below
+    panel_rows = -(-h_kv // columns)
+    legend_h = 2 * scale.line + scale.units(0.1)
+    height = title_h + tops_h + panel_rows * panel_h + legend_h
+    canvas = _canvas(width, height, scale)
+    grid = scale.grid
+
+    canvas.title(f"One decoding step: the new token reads {cached} cached tokens and itself")
+    # The new token and its projections; q_t's heads in the colour of the K/V head they read.
+    q_colours = [head_colour((c // d_k) // group) for c in range(h * d_k)]
+    k_colours = [head_colour(c // d_k) for c in range(h_kv * d_k)]
+    v_colours = [head_colour(c // d_v) for c in range(h_kv * d_v)]
+    y = title_h
+    for name, label, cols, role, colours, size in (
+        ("x_t", "x_t", d_model, "x", None, 0),
+        ("q_t", "q_t = x_t W^Q", h * d_k, "q", q_colours, d_k),
+        ("k_t", "k_t = x_t W^K", h_kv * d_k, "k", k_colours, d_k),
+        ("v_t", "v_t = x_t W^V", h_kv * d_v, "v", v_colours, d_v),
+    ):
+        top = y + (top_row - 1) / 2
+        frame = EDGE_COLOUR if role == "x" else ROLE_COLOURS[role]
+        box = canvas.matrix(
+            x_block,
+            top,
+            1,
+            cols,
+            ROLE_COLOURS[role],
+            column_colours=colours,
+            grid=grid,
+            frame=frame,
+            gid=name,
+        )
+        if size:
+            _head_dividers(canvas, box, size)
+        canvas.text(
+            x_block - scale.units(0.12), top + 0.5, math(label), ha="right", size=1.05, gid=f"{name}:label"
+        )
+        canvas.text(
+            box["right"] + scale.units(0.12),
+            top + 0.5,
+            shape_str((1, cols)),
+            ha="left",
+            size=0.85,
+            gid=f"{name}:shape",
+        )
+        y += top_row
+    y += scale.units(0.15)
+
+    # One panel per K/V head: its query heads, then its keys and values, the new row last.
+    new_alpha = 0.85
+    for j in range(h_kv):
+        px = margin + (j % columns) * (panel_w + panel_gap)
+        py = y + (j // columns) * panel_h
+        heads = list(range(j * group, (j + 1) * group))
+        shared = "query head" if group == 1 else "query heads"
+        canvas.text(
+            px,
+            py + scale.line / 2,
+            f"K/V head {j}: {shared} {', '.join(map(str, heads))}",
+            ha="left",
+            size=0.95,
+            weight="bold",
+            gid=f"panel{j}:header",
+        )
+        top = py + scale.line + scale.above
+        colour = head_colour(j)
+        x_q = px + scale.units(q_label_in)
+        for n, i in enumerate(heads):
+            q_top = top + n * q_step
+            canvas.matrix(x_q, q_top, 1, d_k, colour, grid=grid, frame=ROLE_COLOURS["q"], gid=f"q{i}")
+            canvas.text(
+                x_q - scale.units(0.08),
+                q_top + 0.5,
+                f"$q_{{t,{i}}}$",
+                ha="right",
+                size=0.95,
+                gid=f"q{i}:label",
+            )
+        arrow_y = top + min(group * q_step - (q_step - 1), rows) / 2
+        x_k = x_q + d_k + gap
+        canvas.arrow(x_q + d_k + 0.2, arrow_y, x_k - 0.2, arrow_y)
+        for name, x, cols in (("K", x_k, d_k), ("V", x_k + d_k + gap, d_v)):
+            role = name.lower()
+            light = _lighter(colour)
+            cells = [[light] * cols for _ in range(cached)] + [[colour] * cols]
+            box = canvas.matrix(
+                x,
+                top,
+                rows,
+                cols,
+                colour,
+                cell_colours=cells,
+                label=f"{name}_{j}",
+                shape=(rows, cols),
+                grid=grid,
+                frame=ROLE_COLOURS[role],
+                alpha=new_alpha,
+                gid=f"{name}{j}",
+            )
+            _outline(canvas, box["x"], box["bottom"] - 1, cols, gid=f"new-row:{name}{j}")
+    # The legend: what light and outlined rows mean.
+    legend_top = y + panel_rows * panel_h + scale.units(0.1)
+    swatch = scale.units(0.14)
+    from matplotlib.patches import Rectangle
+
+    for n, (text, face, outlined) in enumerate(
+        (
+            (
+                f"cached: keys and values of {cached} earlier tokens (room for {cache.max_length})",
+                _lighter(head_colour(0)),
+                False,
+            ),
+            ("new: this step's $k_t$ and $v_t$, appended; only they are computed", head_colour(0), True),
+        )
+    ):
+        line_y = legend_top + (n + 0.5) * scale.line
+        canvas.ax.add_patch(
+            Rectangle(
+                (margin, line_y - swatch / 2),
+                1.6 * swatch,
+                swatch,
+                facecolor=face,
+                alpha=new_alpha,
+                edgecolor=EDGE_COLOUR if outlined else "none",
+                linewidth=1.8,
+                gid=f"legend:{'new' if outlined else 'cached'}",
+            )
+        )
+        canvas.text(margin + 1.6 * swatch + scale.units(0.1), line_y, text, ha="left", size=0.85)
+    return canvas.figure
+
+
+def _outline(canvas: Canvas, x: float, y: float, cols: int, *, gid: str) -> None:
+    """A dark outline around one row: the row this step appends."""
+    from matplotlib.patches import Rectangle
+
+    canvas.ax.add_patch(
+        Rectangle((x, y), cols, 1, fill=False, edgecolor=TEXT_COLOUR, linewidth=2.0, zorder=3, gid=gid)
+    )
+
+
+# --- Attention maps with their masks -----------------------------------------------------------
+
+_LAYOUTS = {2: "(T, S)", 3: "(h, T, S)", 4: "(B, h, T, S)"}
+_HATCH_INK = "#8C8C8C"  # the hatching and the edges of masked cells: grey, lighter than any text
+_CHAR = 0.08  # inches: the width of a character of a 10-point tick label, roughly
+
+
+def _label_map_axis(
+    ax: Axes, axis: str, labels: Sequence[str] | None, size: int, name: str, cell: float
+) -> None:
+    """Ticks at every position (a few, for long maps) or the tokens; tokens wider than a cell turn upright."""
+    from matplotlib.ticker import MaxNLocator
+
+    set_ticks = ax.set_xticks if axis == "x" else ax.set_yticks
+    set_label = ax.set_xlabel if axis == "x" else ax.set_ylabel
+    if labels is None:
+        if size <= 16:
+            set_ticks(range(size))
+        else:
+            (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
+        set_label(f"{name} position")
+        return
+    texts = [str(label) for label in labels]
+    if axis == "x" and _too_wide(texts, cell):
+        ax.set_xticks(range(size), texts, rotation=45, ha="right", rotation_mode="anchor")
+    else:
+        set_ticks(range(size), texts)
+    set_label(name)
+
+
+def _too_wide(texts: Sequence[str], cell: float) -> bool:
+    """Whether a tick label is wider than a cell of ``cell`` inches (10-pt characters are ~0.08 inch)."""
+    return max((len(text) for text in texts), default=0) * _CHAR > 0.9 * cell
+
+
+def _as_array(name: str, x: object) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.is_floating_point() else x).numpy()  # NumPy has no bfloat16
+    if isinstance(x, np.ndarray):
+        return x
+    raise TypeError(f"{name} must be a torch.Tensor or a NumPy array, got {type(x).__name__}")
+
+
+def _allowed(mask: object, shape: tuple[int, ...]) -> np.ndarray:
+    """Where attention may go, of ``shape``: True in a boolean mask, not -inf in a floating one."""
+    array = _as_array("mask", mask)
+    if array.dtype == np.bool_:
+        allowed = array
+    elif np.issubdtype(array.dtype, np.floating):
+        allowed = array != -np.inf  # an additive mask: -inf blocks
+    else:
+        raise TypeError(
+            f"mask must be boolean (True = may attend) or floating (added to the scores, -inf blocks), "
+            f"got dtype {array.dtype}; for a 0/1 mask use mask.bool()"
+        )
+    mask_shape = tuple(array.shape)
+    while len(mask_shape) > len(shape) and mask_shape[0] == 1:  # (1, 1, T, S) for a single map
+        mask_shape = mask_shape[1:]
+    if array.ndim < 2 or not broadcasts_to(mask_shape, shape):
+        raise ValueError(
+            f"mask of shape {shape_str(array.shape)} does not broadcast to the weights' shape "
+            f"{_LAYOUTS[len(shape)]} = {shape_str(shape)}; a causal mask has shape (T, S), a padding "
+            "mask (B, 1, 1, S) (take mask[b] with weights[b])"
+        )
+    return np.broadcast_to(allowed.reshape(mask_shape), shape)
+
+
+def attention_map(
+    weights: object,
+    mask: object | None = None,
+    *,
+    queries: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
+    title: str | None = None,
+    head: int | None = None,
+    sequence: int = 0,
+    vmax: float | None = None,
+) -> Figure:
+    """An attention map with its mask: one row per query, one column per key, masked cells hatched.
+
+    A masked cell (the mask blocks it) is drawn white and hatched and is left out
+    of the colour scale, so it never looks like a small weight: the colour map's
+    lowest colour is dark. Every other cell takes the weight's colour.
+
+    Parameters
+    ----------
+    weights : Tensor or array, shape (T, S), (h, T, S) or (B, h, T, S)
+        Attention weights, e.g. from ``qkv.MultiHeadAttention(..., need_weights=True)``.
+        Which map is drawn: a (T, S) map as it is; of (h, T, S) and (B, h, T, S),
+        sequence ``sequence`` and head ``head``, or, with ``head=None``, the mean
+        of the heads (the colour bar says so). A (B, T, S) batch of averaged weights
+        would read as heads: pass ``weights[b]``.
+    mask : Tensor or array, optional, broadcastable to the weights' shape
+        qkv's convention: boolean True means "may attend" (e.g. ``qkv.causal_mask(T)``
+        (T, S), ``qkv.padding_mask(lengths, S)`` (B, 1, 1, S)); a floating mask is
+        additive, ``-inf`` blocks. Leading axes of size 1 may go beyond the
+        weights' (a (1, 1, T, S) mask with (T, S) weights). Averaging heads, a cell
+        is hatched when every head's mask blocks it.
+    queries, keys : sequence of str, optional
+        Token labels for the rows and the columns; without them the axes read
+        "query position" and "key position".
+    title : str, optional
+        Say what to look at.
+    head : int, optional
+        The head to draw, for weights with a head axis; default the mean of the heads.
+    sequence : int
+        The sequence to draw, for (B, h, T, S) weights.
+    vmax : float, optional
+        The top of the colour scale; default the largest weight among the cells
+        the mask allows (the scale starts at 0).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The map and its colour bar. ``qkv.diagrams.cells(figure, "map")`` reads it
+        back: each cell's colour (``MASKED_COLOUR`` where masked) and whether it is
+        hatched; the hatching is one collection with gid ``"map:masked"``.
+
+    See Also
+    --------
+    qkv.plot_attention : the same map without a mask, on axes of your own.
+    cross_attention, decoding_step
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> from qkv.diagrams import cells
+    >>> from qkv.diagrams.inference import attention_map
+    >>> mha = qkv.MultiHeadAttention(12, 3)
+    >>> _, weights = mha(torch.randn(1, 6, 12), is_causal=True, need_weights=True)  # (1, 3, 6, 6)
+    >>> figure = attention_map(weights, qkv.causal_mask(6), head=1, title="head 1 looks back")
+    >>> sum(map(sum, cells(figure, "map").hatched))  # the 15 cells above the diagonal
+    15
+    """
+    require_matplotlib()
+    from matplotlib import colormaps
+    from matplotlib.collections import PatchCollection
+    from matplotlib.colors import Normalize, to_hex
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+
+    array = _as_array("weights", weights)
+    if array.ndim not in _LAYOUTS:
+        raise ValueError(
+            f"weights must have 2, 3 or 4 dimensions, (T, S), (h, T, S) or (B, h, T, S), got shape "
+            f"{shape_str(array.shape)}"
+        )
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(f"weights must hold numbers, got dtype {array.dtype}")
+    array = array.astype(float)
+    allowed = np.ones(array.shape, dtype=bool) if mask is None else _allowed(mask, array.shape)
+    layout = _LAYOUTS[array.ndim]
+    if array.ndim == 4:
+        if isinstance(sequence, bool) or not isinstance(sequence, int):
+            raise TypeError(f"sequence must be an int, got {type(sequence).__name__}")
+        if not 0 <= sequence < array.shape[0]:
+            raise ValueError(
+                f"sequence={sequence} is out of range: weights {layout} have {array.shape[0]} sequences "
+                f"(shape {shape_str(array.shape)})"
+            )
+        array, allowed = array[sequence], allowed[sequence]
+    elif sequence != 0:
+        raise ValueError(f"sequence={sequence} was given, but weights {layout} have no batch axis")
+    heads = array.shape[0] if array.ndim == 3 else 0
+    if heads and head is not None:
+        if isinstance(head, bool) or not isinstance(head, int):
+            raise TypeError(f"head must be an int or None, got {type(head).__name__}")
+        if not 0 <= head < heads:
+            raise ValueError(f"head={head} is out of range: weights {layout} have {heads} heads")
+        array, allowed = array[head], allowed[head]
+    elif heads:
+        array, allowed = array.mean(axis=0), np.asarray(allowed.any(axis=0))  # (T, S)
+    elif head is not None:
+        raise ValueError(f"head={head} was given, but weights {layout} have no head axis")
+    T, S = array.shape
+    for name, labels, size, what in (("queries", queries, T, "query"), ("keys", keys, S, "key")):
+        if labels is not None and len(labels) != size:
+            raise ValueError(f"{name} has {len(labels)} labels, but the weights have {size} {what} positions")
+
+    blocked = ~allowed  # (T, S)
+    visible = array[allowed]
+    top = vmax if vmax is not None else (float(visible.max()) if visible.size else 1.0)
+    top = top if top > 0 else 1.0
+    cell = min(0.42, 4.4 / S, 4.4 / T)  # inches
+    height = T * cell + 1.5 + (0.35 if title else 0.0)
+    if keys is not None and _too_wide(keys, cell):
+        height += 0.7 * _CHAR * max(len(str(key)) for key in keys)  # the keys, turned 45 degrees
+    width = S * cell + 1.6 + (_CHAR * max(len(str(q)) for q in queries) if queries else 0.3)
+    width = min(7.0, max(width, 1.2 * _CHAR * len(title or "") + 0.3))  # 12-point title characters
+    figure = Figure(figsize=(width, height), layout="constrained")
+    ax = figure.add_subplot()
+    cmap = colormaps["viridis"].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))  # a masked cell shows its hatching
+    image = ax.imshow(
+        np.ma.masked_array(array, mask=blocked),
+        cmap=cmap,
+        vmin=0.0,
+        vmax=top,
+        interpolation="nearest",
+        aspect="auto",
+    )
+    if blocked.any():  # one collection for every masked cell: fast for long maps
+        boxes = [Rectangle((s - 0.5, t - 0.5), 1, 1) for t, s in zip(*np.nonzero(blocked), strict=True)]
+        ax.add_collection(
+            PatchCollection(
+                boxes,
+                facecolors=MASKED_COLOUR,
+                edgecolors=_HATCH_INK,
+                linewidths=0.4 if cell >= 0.15 else 0.0,  # cell edges, where cells are big enough to see
+                hatch=MASKED_HATCH,
+                gid="map:masked",
+            )
+        )
+    norm = Normalize(vmin=0.0, vmax=top)
+    shown = [
+        [MASKED_COLOUR if blocked[t, s] else to_hex(cmap(norm(array[t, s]))) for s in range(S)]
+        for t in range(T)
+    ]
+    register_cells(figure, "map", Cells(shown, blocked.tolist(), [[""] * S for _ in range(T)], (-0.5, -0.5)))
+    _label_map_axis(ax, "x", keys, S, "key", cell)
+    _label_map_axis(ax, "y", queries, T, "query", cell)
+    if title:
+        figure.suptitle(title)  # centred on the figure, so a long title may reach over the colour bar
+    label = (
+        "attention weight" if not heads or head is not None else f"attention weight (mean of {heads} heads)"
+    )
+    figure.colorbar(image, ax=ax, label=label)
+    if blocked.any():
+        figure.legend(
+            handles=[
+                Patch(
+                    facecolor=MASKED_COLOUR,
+                    hatch=MASKED_HATCH,
+                    edgecolor=_HATCH_INK,
+                    label="masked: may not attend",
+                )
+            ],
+            loc="outside lower center",
+            frameon=False,
+        )
+    return figure

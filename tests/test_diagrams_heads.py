@@ -1,0 +1,171 @@
+"""qkv.diagrams.heads: W^Q cut into heads, the reshape into heads, and W^O, read back from the figures."""
+
+from __future__ import annotations
+
+import matplotlib
+import pytest
+import torch
+
+import qkv
+from qkv.diagrams import HEAD_COLOURS, ROLE_COLOURS, cells, matrix_names, patches_by_gid, texts_of
+from qkv.diagrams.heads import heads_from_one_matrix, multi_head, reshape
+
+matplotlib.use("Agg")
+
+
+def grid(figure, name: str) -> list[list[str]]:
+    """The colours of the matrix drawn as ``name``, row by row (as it was drawn, read back)."""
+    return [[c.lower() for c in row] for row in cells(figure, name).colours]
+
+
+def size(figure, name: str) -> int:
+    """How many cells the matrix ``name`` has."""
+    return sum(len(row) for row in grid(figure, name))
+
+
+def block_colours(figure, name: str, columns: range) -> set[str]:
+    """The colours of the cells in ``columns`` of the matrix ``name``."""
+    return {row[c] for row in grid(figure, name) for c in columns}
+
+
+def everywhere(figure, name: str) -> set[str]:
+    return {c for row in grid(figure, name) for c in row}
+
+
+def numbers(figure, name: str) -> list[list[str]]:
+    """The numbers written in the cells of the grid ``name``, row by row."""
+    return cells(figure, name).text
+
+
+# 3 heads, T = 4 != d_model = 12, d_k = 5 != d_v = 2, kdim = 10 != vdim = 7 != embed_dim
+MHA = qkv.MultiHeadAttention(12, 3, kdim=10, vdim=7, d_k=5, d_v=2)
+HEADS = [c.lower() for c in HEAD_COLOURS]
+
+
+@pytest.mark.parametrize(
+    ("projection", "d_in", "d"), [("q", 12, 5), ("k", 10, 5), ("v", 7, 2)], ids=["q", "k", "v"]
+)
+def test_one_matrix_is_the_heads_side_by_side_to_scale(projection, d_in, d):
+    x = torch.randn(2, 4, d_in)  # a batch: the first sequence is drawn
+    figure = heads_from_one_matrix(x, MHA, projection=projection)
+    L = projection.upper()
+    assert size(figure, "X") == 4 * d_in
+    assert size(figure, f"W^{L}") == d_in * 3 * d and len(grid(figure, f"W^{L}")) == d_in
+    assert size(figure, L) == 4 * 3 * d and len(grid(figure, L)) == 4
+    for i in (1, 2, 3):
+        assert size(figure, f"X_{i}") == 4 * d_in
+        assert size(figure, f"W_{i}^{L}") == d_in * d
+        assert size(figure, f"{L}_{i}") == 4 * d
+    assert f"W_4^{L}" not in matrix_names(figure)
+    texts = texts_of(figure)
+    for shape in (f"(4, {d_in})", f"({d_in}, {3 * d})", f"(4, {3 * d})", f"({d_in}, {d})", f"(4, {d})"):
+        assert shape in texts, shape
+    for label in (f"$W^{L}$", f"${L}$", f"$W_1^{L}$", f"$W_3^{L}$", f"${L}_3$"):
+        assert label in texts, label  # maths, heads numbered from 1
+    assert f"$W_4^{L}$" not in texts and f"$W_0^{L}$" not in texts
+
+
+def test_head_i_has_one_colour_in_w_in_its_product_and_in_its_own_row():
+    figure = heads_from_one_matrix(torch.randn(4, 12), MHA)
+    d_k = 5
+    for head in range(3):
+        block = range(head * d_k, (head + 1) * d_k)
+        in_w, in_q = block_colours(figure, "W^Q", block), block_colours(figure, "Q", block)
+        alone = everywhere(figure, f"W_{head + 1}^Q") | everywhere(figure, f"Q_{head + 1}")
+        assert in_w == in_q == alone == {HEADS[head]}, head
+    assert len(set(HEADS[:3])) == 3  # three heads, three colours
+    frames = patches_by_gid(figure, "W^Q:frame") + patches_by_gid(figure, "Q_2:frame")
+    assert {matplotlib.colors.to_hex(p.get_edgecolor()) for p in frames} == {ROLE_COLOURS["q"].lower()}
+
+
+def test_grouped_query_keys_are_cut_into_the_kv_heads_only():
+    gqa = qkv.MultiHeadAttention(12, 6, kdim=10, d_k=3, num_kv_heads=2)
+    figure = heads_from_one_matrix(torch.randn(5, 10), gqa, projection="k")
+    assert size(figure, "W^K") == 10 * 2 * 3  # h_kv·d_k columns, not h·d_k
+    assert size(figure, "W_2^K") == 10 * 3 and "W_3^K" not in matrix_names(figure)
+    texts = texts_of(figure)
+    assert "(10, 6)" in texts and "(5, 6)" in texts and "(10, 3)" in texts
+    assert any("2 small" in t and "K/V head" in t for t in texts)
+
+
+def test_reshape_right_keeps_each_head_whole_and_wrong_mixes_it():
+    h, T, d_k = 3, 5, 2  # h·d_k = 6 != T
+    figure = reshape(h, T, d_k, batch=2)
+    assert size(figure, "right.input") == T * h * d_k
+    for t in range(1, T + 1):  # (B, T, h, d_k): T slices of (h, d_k), one position each
+        assert numbers(figure, f"right.position{t}") == [[str(t - 1)] * d_k] * h
+        assert grid(figure, f"right.position{t}") == [[HEADS[i]] * d_k for i in range(h)]
+    texts = texts_of(figure)
+    for shape in ("(2, 5, 6)", "(2, 5, 3, 2)", "(2, 3, 5, 2)"):
+        assert shape in texts, shape
+    assert any(t.startswith("Right:") for t in texts) and any(t.startswith("Wrong:") for t in texts)
+    # The input: feature column c belongs to head c // d_k, row t is position t.
+    assert grid(figure, "wrong.input") == [[HEADS[c // d_k] for c in range(h * d_k)]] * T
+    assert numbers(figure, "wrong.input") == [[str(t)] * (h * d_k) for t in range(T)]
+    for head in range(1, h + 1):
+        # Right: one head's colour, and positions 0..T-1 in order, one per row.
+        assert everywhere(figure, f"right.head{head}") == {HEADS[head - 1]}
+        assert numbers(figure, f"right.head{head}") == [[str(t)] * d_k for t in range(T)]
+        # Wrong: the same shape, but features of several heads, and not every position.
+        assert len(grid(figure, f"wrong.head{head}")) == T and size(figure, f"wrong.head{head}") == T * d_k
+        assert len(everywhere(figure, f"wrong.head{head}")) > 1
+        positions = [row[0] for row in numbers(figure, f"wrong.head{head}")]
+        assert positions != [str(t) for t in range(T)]
+    # The first wrong "head" is the first T·d_k entries in memory: position 0's features, then 1's.
+    assert [row[0] for row in numbers(figure, "wrong.head1")] == ["0", "0", "0", "1", "1"]
+
+
+def test_reshape_without_the_wrong_one():
+    figure = reshape(3, 4, 2, wrong=False)
+    assert not [name for name in matrix_names(figure) if name.startswith("wrong.")]
+    assert not any(t.startswith("Wrong:") for t in texts_of(figure))
+
+
+def test_multi_head_concatenates_the_heads_and_multiplies_by_w_o():
+    figure = multi_head(MHA, torch.randn(2, 4, 12))
+    for i in (1, 2, 3):
+        assert len(grid(figure, f"head_{i}")) == 4 and size(figure, f"head_{i}") == 4 * 2  # (T, d_v)
+        assert everywhere(figure, f"head_{i}") == {HEADS[i - 1]}
+        assert block_colours(figure, "concat", range(2 * (i - 1), 2 * i)) == {HEADS[i - 1]}
+    assert size(figure, "concat") == 4 * 6
+    assert len(grid(figure, "W^O")) == 6 and size(figure, "W^O") == 6 * 12
+    assert size(figure, "output") == 4 * 12
+    assert everywhere(figure, "W^O") | everywhere(figure, "output") == {ROLE_COLOURS["o"].lower()}
+    texts = texts_of(figure)
+    for shape in ("(4, 2)", "(4, 6)", "(6, 12)", "(4, 12)"):
+        assert shape in texts, shape
+    assert "$\\mathrm{head}_3$" in texts and "$W^O$" in texts
+
+
+def test_bad_input_is_named():
+    x = torch.randn(4, 12)
+    with pytest.raises(ValueError, match=r"x must have 2 dimensions \(T, d_model\) .* got shape \(12,\)"):
+        heads_from_one_matrix(torch.randn(12), MHA)
+    with pytest.raises(ValueError, match="x has 12 features, but the layer's kdim is 10"):
+        heads_from_one_matrix(x, MHA, projection="k")
+    with pytest.raises(ValueError, match="x has 12 features, but the layer's vdim is 7"):
+        heads_from_one_matrix(x, MHA, projection="v")
+    with pytest.raises(ValueError, match=r"projection must be \"q\", \"k\" or \"v\", got 'o'"):
+        heads_from_one_matrix(x, MHA, projection="o")
+    with pytest.raises(TypeError, match=r"layer must be a qkv.HeadWeights or a module with to_heads\(\)"):
+        heads_from_one_matrix(x, torch.nn.Linear(12, 12))
+    with pytest.raises(ValueError, match="num_heads must be positive, got 0"):
+        reshape(0, 5, 4)
+    with pytest.raises(TypeError, match="length must be an int, got float"):
+        reshape(3, 5.0, 4)
+    with pytest.raises(TypeError, match="wrong must be True or False, got str"):
+        reshape(3, 5, 4, wrong="yes")
+    with pytest.raises(ValueError, match="x has 10 features, but the layer's d_model is 12"):
+        multi_head(MHA, torch.randn(4, 10))
+    with pytest.raises(ValueError, match=r"x must have 2 dimensions .* got shape \(1, 2, 4, 12\)"):
+        multi_head(MHA, torch.randn(1, 2, 4, 12))
+    with pytest.raises(TypeError, match=r"layer must be a qkv\.HeadWeights"):
+        multi_head(object(), x)
+
+
+def test_figures_fit_the_column_and_print_nothing(capsys):
+    wide = qkv.MultiHeadAttention(24, 2)  # 80 cells wide: the cells shrink to fit 7 inches
+    x = torch.randn(3, 24)
+    for figure in (heads_from_one_matrix(x, wide), multi_head(wide, x), reshape(4, 6, 6)):
+        assert figure.get_size_inches()[0] <= 7.0 + 1e-9
+    assert capsys.readouterr() == ("", "")

@@ -1,0 +1,272 @@
+"""qkv.diagrams.inference: cross-attention, a decoding step with a KV cache, masked attention maps.
+
+Every figure is read back: cells per matrix (patches_by_gid), shape labels (texts_of), colours.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from qkv.diagrams import HEAD_COLOURS, ROLE_COLOURS, matrix_names, patches_by_gid, texts_of
+from qkv.diagrams._draw import MASKED_COLOUR, MASKED_HATCH
+from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
+from qkv.models import DecoderLayer, EncoderDecoderConfig, TinyEncoderDecoder
+
+matplotlib.use("Agg")
+
+
+def grid(figure, name: str) -> list[list[str]]:
+    """The face colours of the matrix drawn as ``name``, one list per row, lower case."""
+    return [[c.lower() for c in row] for row in qkv.diagrams.cells(figure, name).colours]
+
+
+def colours(figure, name: str) -> list[str]:
+    """The same, flattened: one entry per cell."""
+    return [c for row in grid(figure, name) for c in row]
+
+
+def shape_of(figure, name: str) -> tuple[int, int]:
+    rows = grid(figure, name)
+    return len(rows), len(rows[0])
+
+
+# --- cross_attention ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model() -> TinyEncoderDecoder:
+    # 3 heads of d_k = 4; the encoder (kdim = vdim = 9) narrower than the decoder (embed_dim = 12)
+    config = EncoderDecoderConfig(11, 13, encoder_dim=9, decoder_dim=12, num_heads=3, decoder_layers=3)
+    return TinyEncoderDecoder(config)
+
+
+def test_cross_attention_draws_two_layers_to_scale_from_one_encoder_output(model):
+    T, S = 4, 7
+    memory = torch.randn(2, S, 9)  # a batch: the first sequence is drawn
+    figure = cross_attention(model, memory, torch.randn(2, T, 12))
+    assert matrix_names(figure).count("enc") == 1 and shape_of(figure, "enc") == (S, 9)  # drawn once
+    for i in (0, 1):
+        assert shape_of(figure, f"dec{i}") == (T, 12)
+        assert shape_of(figure, f"W^Q{i}") == (12, 12)
+        assert shape_of(figure, f"W^K{i}") == (9, 12)  # kdim rows, h·d_k columns
+        assert shape_of(figure, f"W^V{i}") == (9, 12)
+        assert shape_of(figure, f"Q{i}") == (T, 12)
+        assert shape_of(figure, f"K{i}") == (S, 12) and shape_of(figure, f"V{i}") == (S, 12)
+        assert shape_of(figure, f"scores{i}") == (T, S)  # T queries against S keys
+        assert set(colours(figure, f"W^K{i}")) == {ROLE_COLOURS["k"].lower()}
+        assert set(colours(figure, f"W^Q{i}")) == {ROLE_COLOURS["q"].lower()}
+        assert set(colours(figure, f"scores{i}")) == {ROLE_COLOURS["weights"].lower()}
+    assert "W^K2" not in matrix_names(figure)  # max_layers=2: the third layer is only mentioned
+    texts = texts_of(figure)
+    for shape in ("(7, 9)", "(4, 12)", "(12, 12)", "(9, 12)", "(7, 12)", "(4, 7)"):
+        assert shape in texts
+    for label in ("$W^Q_0$", "$W^K_0$", "$W^V_0$", "$W^Q_1$", "$W^K_1$", "$W^V_1$", r"$\mathrm{enc}$"):
+        assert label in texts  # each layer's own weights
+    # The one encoder output reaches W^K and W^V of both layers: four branches, each labelled enc.
+    assert texts.count(r"$\mathrm{enc}$") == 1 + 4
+    assert any("after its one layer:" in t for t in texts)
+    assert any("1 more decoder layer" in t for t in texts)
+    assert any("T = 4 queries, S = 7 keys, 3 heads of $d_k$ = 4" in t for t in texts)
+
+
+def test_cross_attention_takes_one_layer_or_a_list_and_reads_their_sizes(model):
+    layer = DecoderLayer(dim=12, num_heads=3, hidden=8, memory_dim=6)  # d_k = 4, kdim = 6
+    figure = cross_attention(layer, torch.randn(2, 6), torch.randn(5, 12))
+    assert shape_of(figure, "W^K0") == (6, 12) and shape_of(figure, "scores0") == (5, 2)
+    assert "W^Q1" not in matrix_names(figure) and "(2, 6)" in texts_of(figure)
+    figure = cross_attention(model.decoder, torch.randn(3, 9), torch.randn(1, 12), max_layers=3)
+    assert shape_of(figure, "scores2") == (1, 3)
+    assert not any("more decoder layer" in t for t in texts_of(figure))
+
+
+def test_cross_attention_names_what_is_wrong(model):
+    memory, target = torch.randn(7, 9), torch.randn(4, 12)
+    with pytest.raises(ValueError, match="memory has 10 features, but decoder layer 0's cross_attn kdim"):
+        cross_attention(model, torch.randn(7, 10), target)
+    with pytest.raises(ValueError, match="target has 9 features, but decoder layer 0's cross_attn embed_dim"):
+        cross_attention(model, memory, torch.randn(4, 9))
+    with pytest.raises(ValueError, match=r"memory must have 2 dimensions \(S, d_enc\).*got shape \(9,\)"):
+        cross_attention(model, torch.randn(9), target)
+    with pytest.raises(ValueError, match="target has 3 sequences, but memory's batch size is 2"):
+        cross_attention(model, torch.randn(2, 7, 9), torch.randn(3, 4, 12))
+    with pytest.raises(TypeError, match=r"decoder must be a qkv\.models\.TinyEncoderDecoder.*got Linear"):
+        cross_attention(torch.nn.Linear(9, 12), memory, target)
+    with pytest.raises(TypeError, match=r"decoder layer 1 \(Linear\) has no cross_attn"):
+        cross_attention([model.decoder[0], torch.nn.Linear(9, 12)], memory, target)
+    with pytest.raises(ValueError, match="decoder has no layers"):
+        cross_attention([], memory, target)
+    with pytest.raises(ValueError, match="max_layers must be positive, got 0"):
+        cross_attention(model, memory, target, max_layers=0)
+
+
+# --- decoding_step -----------------------------------------------------------------------------
+
+
+def cache_after(layer: qkv.MultiHeadAttention, tokens: int, max_length: int = 8) -> qkv.KVCache:
+    cache = layer.new_cache(batch_size=1, max_length=max_length)
+    if tokens:
+        with torch.no_grad():
+            layer(torch.randn(1, tokens, layer.embed_dim), cache=cache, is_causal=True)
+    return cache
+
+
+@pytest.mark.parametrize(("num_kv_heads", "d_k", "d_v"), [(2, 4, 4), (3, 5, 3)])
+def test_decoding_step_groups_query_heads_over_their_kv_head(num_kv_heads, d_k, d_v):
+    h, cached = 6, 5
+    mha = qkv.MultiHeadAttention(24, h, num_kv_heads=num_kv_heads, d_k=d_k, d_v=d_v)
+    figure = decoding_step(mha, cache_after(mha, cached))
+    group = h // num_kv_heads
+    for j in range(num_kv_heads):
+        assert shape_of(figure, f"K{j}") == (cached + 1, d_k)  # the cache after the step
+        assert shape_of(figure, f"V{j}") == (cached + 1, d_v)
+    for i in range(h):
+        assert shape_of(figure, f"q{i}") == (1, d_k)  # one query row of one head
+        mine = set(grid(figure, f"K{i // group}")[cached])  # the new row of the K/V head it reads
+        assert set(colours(figure, f"q{i}")) == mine == {HEAD_COLOURS[i // group].lower()}
+        for j in set(range(num_kv_heads)) - {i // group}:
+            assert set(grid(figure, f"K{j}")[cached]) != mine
+    # q_t: head i's block of d_k columns in the colour of the K/V head it reads
+    (q_t,) = grid(figure, "q_t")
+    assert q_t == [HEAD_COLOURS[(c // d_k) // group].lower() for c in range(h * d_k)]
+    (k_t,) = grid(figure, "k_t")
+    assert k_t == [HEAD_COLOURS[c // d_k].lower() for c in range(num_kv_heads * d_k)]
+    texts = texts_of(figure)
+    shared = ", ".join(str(i) for i in range(group, 2 * group))
+    for text in (f"(1, {h * d_k})", f"(1, {num_kv_heads * d_k})", f"(1, {num_kv_heads * d_v})",
+                 f"({cached + 1}, {d_k})", f"({cached + 1}, {d_v})", "(1, 24)",
+                 f"K/V head 1: query heads {shared}", "$q_{t,4}$", "$K_1$", "$V_1$"):  # fmt: skip
+        assert text in texts
+
+
+def test_decoding_step_draws_the_new_row_apart_from_the_cached_ones():
+    mha = qkv.MultiHeadAttention(12, 3)  # h_kv = h: one query head per K/V head
+    figure = decoding_step(mha, cache_after(mha, 4, max_length=10))
+    for name in ("K0", "V0", "K2"):
+        rows = grid(figure, name)
+        cached, new = {c for row in rows[:4] for c in row}, set(rows[4])
+        assert len(cached) == len(new) == 1 and cached != new  # cached rows lighter, the new row in full
+        (outline,) = patches_by_gid(figure, f"new-row:{name}")
+        top = qkv.diagrams.cells(figure, name).corner[1]
+        assert outline.get_y() == pytest.approx(top + 4) and outline.get_height() == 1  # the last row only
+    assert "K/V head 2: query head 2" in texts_of(figure)
+    assert any("4 earlier tokens (room for 10)" in t for t in texts_of(figure))
+    first = decoding_step(mha, cache_after(mha, 0))  # the first token: nothing cached yet
+    assert shape_of(first, "K0") == (1, 4) and patches_by_gid(first, "new-row:K0")
+
+
+def test_decoding_step_refuses_a_cache_of_another_shape():
+    mha = qkv.MultiHeadAttention(24, 6, num_kv_heads=2)
+    with pytest.raises(ValueError, match=r"cache holds 3 K/V heads, but layer\.num_kv_heads is 2"):
+        decoding_step(mha, qkv.KVCache(1, 3, 4, max_length=8))
+    with pytest.raises(ValueError, match=r"cache holds keys of size d_k = 5, but layer\.d_k is 4"):
+        decoding_step(mha, qkv.KVCache(1, 2, 5, 4, max_length=8))
+    with pytest.raises(ValueError, match=r"cache holds values of size d_v = 3, but layer\.d_v is 4"):
+        decoding_step(mha, qkv.KVCache(1, 2, 4, 3, max_length=8))
+    with pytest.raises(ValueError, match="cache is full: it holds 3 of max_length=3 tokens"):
+        decoding_step(mha, cache_after(mha, 3, max_length=3))
+    with pytest.raises(TypeError, match=r"layer must be a qkv\.MultiHeadAttention .* got PerHeadMulti"):
+        decoding_step(qkv.PerHeadMultiHeadAttention(24, 6), qkv.KVCache(1, 6, 4, max_length=8))
+    with pytest.raises(TypeError, match=r"cache must be a qkv\.KVCache .* got Tensor"):
+        decoding_step(mha, torch.zeros(1, 2, 5, 4))
+
+
+# --- attention_map -----------------------------------------------------------------------------
+
+
+def hatched(figure) -> set[tuple[int, int]]:
+    """The (row, column) of every cell drawn as masked, and check how it is drawn."""
+    drawn = qkv.diagrams.cells(figure, "map")
+    found = {(t, s) for t, row in enumerate(drawn.hatched) for s, masked in enumerate(row) if masked}
+    for t, s in found:
+        assert drawn.colours[t][s] == MASKED_COLOUR
+    (collection,) = [c for c in figure.axes[0].collections if c.get_gid() == "map:masked"] or [None]
+    if found:
+        assert collection.get_hatch() == MASKED_HATCH and len(collection.get_paths()) == len(found)
+        assert {matplotlib.colors.to_hex(c) for c in collection.get_facecolor()} == {MASKED_COLOUR.lower()}
+        corners = {(round(p.vertices[:, 1].min() + 0.5), round(p.vertices[:, 0].min() + 0.5))
+                   for p in collection.get_paths()}  # fmt: skip
+        assert corners == found  # the hatching lies on those cells
+    return found
+
+
+def test_attention_map_hatches_masked_cells_and_keeps_them_off_the_colour_scale():
+    T = 6
+    mask = qkv.causal_mask(T)  # (T, T), True = may attend
+    weights = torch.softmax(torch.randn(2, 3, T, T).masked_fill(~mask, float("-inf")), dim=-1)
+    weights[~mask.expand(2, 3, T, T)] = 5.0  # whatever sits in a masked cell must not show
+    figure = attention_map(weights, mask, head=1, sequence=1, title="each row looks back")
+    assert hatched(figure) == {(t, s) for t in range(T) for s in range(T) if s > t}  # 15 cells
+    ax = figure.axes[0]
+    image = ax.images[0]
+    shown = image.get_array()  # one row per query
+    assert shown.shape == (T, T) and np.array_equal(np.ma.getmaskarray(shown), ~mask.numpy())
+    np.testing.assert_allclose(shown.compressed(), weights[1, 1][mask].numpy())
+    assert image.get_clim() == (0.0, pytest.approx(weights[1, 1][mask].max().item()))  # not 5.0
+    assert image.get_cmap().get_bad()[3] == 0.0  # the colour map paints nothing under a masked cell
+    assert matplotlib.colors.to_hex(image.get_cmap()(0.0)) != MASKED_COLOUR.lower()  # a small weight is dark
+    assert MASKED_COLOUR.lower() not in grid(figure, "map")[T - 1]  # the last query may attend to every key
+    assert ax.get_xlabel() == "key position" and ax.get_ylabel() == "query position"
+    assert "each row looks back" in texts_of(figure) and len(figure.axes) == 2  # the map and its colour bar
+    assert figure.axes[1].get_ylabel() == "attention weight"
+
+
+def test_attention_map_of_a_padded_batch_averages_heads_and_labels_tokens():
+    lengths = torch.tensor([7, 5])
+    pad = qkv.padding_mask(lengths, 7)  # (B, 1, 1, S)
+    cross = qkv.MultiHeadAttention(16, 4, kdim=10, vdim=10)
+    _, weights = cross(torch.randn(2, 4, 16), torch.randn(2, 7, 10), mask=pad, need_weights=True)
+    tokens = ["the", "black", "cat", "sat", ".", "<pad>", "<pad>"]
+    figure = attention_map(weights, pad, sequence=1, queries=["<s>", "le", "chat", "noir"], keys=tokens)
+    assert hatched(figure) == {(t, s) for t in range(4) for s in (5, 6)}  # T = 4 queries, S = 7 keys
+    mean = weights[1].mean(0).detach().numpy()  # (T, S)
+    np.testing.assert_allclose(figure.axes[0].images[0].get_array()[:, :5], mean[:, :5])
+    ax = figure.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == tokens and ax.get_ylabel() == "query"
+    assert figure.axes[1].get_ylabel() == "attention weight (mean of 4 heads)"
+    assert hatched(attention_map(weights[0], pad[0])) == set()  # (h, T, S), a (1, 1, S) mask: no padding
+
+
+def test_attention_map_reads_an_additive_mask_and_numpy():
+    mask = qkv.additive_mask(qkv.causal_mask(3, 5))  # -inf blocks
+    figure = attention_map(np.full((3, 5), 0.2), mask.numpy())
+    blocked = qkv.causal_mask(3, 5).logical_not().nonzero().tolist()
+    assert hatched(figure) == {tuple(cell) for cell in blocked}
+
+
+def test_attention_map_names_what_is_wrong():
+    weights = torch.softmax(torch.randn(4, 7), -1)
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 5\) does not broadcast to the weights' shape "
+                                         r"\(T, S\) = \(4, 7\)"):  # fmt: skip
+        attention_map(weights, torch.ones(5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 7\) does not broadcast .* = \(4, 7\)"):
+        attention_map(weights, qkv.padding_mask(torch.tensor([7, 5]), 7))
+    with pytest.raises(TypeError, match=r"mask must be boolean .* got dtype int64"):
+        attention_map(weights, torch.ones(4, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"weights must have 2, 3 or 4 dimensions.*got shape \(7,\)"):
+        attention_map(weights[0])
+    with pytest.raises(ValueError, match=r"head=3 is out of range: weights \(h, T, S\) have 3 heads"):
+        attention_map(torch.rand(3, 4, 7), head=3)
+    with pytest.raises(ValueError, match=r"head=0 was given, but weights \(T, S\) have no head axis"):
+        attention_map(weights, head=0)
+    with pytest.raises(ValueError, match=r"sequence=2 is out of range: weights \(B, h, T, S\) have 2 seq"):
+        attention_map(torch.rand(2, 3, 4, 7), sequence=2)
+    with pytest.raises(ValueError, match="queries has 3 labels, but the weights have 4 query positions"):
+        attention_map(weights, queries=["a", "b", "c"])
+    with pytest.raises(TypeError, match=r"weights must be a torch\.Tensor or a NumPy array, got list"):
+        attention_map([[1.0]])
+
+
+def test_figures_fit_the_column_and_print_nothing(capsys, model):
+    wide = qkv.MultiHeadAttention(64, 8, num_kv_heads=2)
+    figures = [
+        cross_attention(model, torch.randn(30, 9), torch.randn(20, 12)),
+        decoding_step(wide, cache_after(wide, 12, max_length=16)),
+        attention_map(torch.rand(40, 60), qkv.causal_mask(40, 60), title="a long map with a long title"),
+    ]
+    for figure in figures:
+        assert figure.get_size_inches()[0] <= 7.0 + 1e-9
+    assert capsys.readouterr() == ("", "")
