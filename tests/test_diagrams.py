@@ -18,7 +18,7 @@ def colours(figure, name: str) -> list[str]:
 
 
 def test_projection_draws_every_matrix_to_scale_with_its_shape():
-    # 3 heads, d_k = 5 != d_v = 3, T = 4 != d_model = 12, 3 K/V heads shared by 6 query heads
+    # 6 query heads sharing 3 K/V heads, d_k = 5 != d_v = 3, T = 4 != d_model = 12
     mha = qkv.MultiHeadAttention(12, 6, d_k=5, d_v=3, num_kv_heads=3)
     x = torch.randn(2, 4, 12)  # a batch: the first sequence is drawn
     figure = qkv.diagrams.projection(x, mha)
@@ -69,3 +69,49 @@ def test_figures_fit_the_column_and_print_nothing(capsys):
     figure = qkv.diagrams.projection(torch.randn(3, 64), wide)
     assert figure.get_size_inches()[0] <= 7.0 + 1e-9
     assert capsys.readouterr() == ("", "")
+
+
+def test_projection_draws_cross_attention_inputs_of_their_own_widths():
+    mha = qkv.MultiHeadAttention(12, 3, kdim=10, vdim=7, d_k=5, d_v=2)  # w_k (3, 10, 5), w_v (3, 7, 2)
+    figure = qkv.diagrams.projection(torch.randn(4, 12), mha, key=torch.randn(6, 10), value=torch.randn(6, 7))
+    texts = texts_of(figure)
+    for shape in ("(4, 12)", "(12, 15)", "(6, 10)", "(10, 15)", "(6, 15)", "(6, 7)", "(7, 6)", "(6, 6)"):
+        assert shape in texts, shape
+    assert len(colours(figure, "W^K")) == 10 * 15 and len(colours(figure, "W^V")) == 7 * 6
+    with pytest.raises(ValueError, match=r"the layer's kdim is 10, not d_model = 12: pass key= \(S, 10\)"):
+        qkv.diagrams.projection(torch.randn(4, 12), mha)
+    with pytest.raises(ValueError, match="value has 6 features, but the layer's vdim is 7"):
+        qkv.diagrams.projection(torch.randn(4, 12), mha, key=torch.randn(6, 10), value=torch.randn(6, 6))
+
+
+def test_projection_colours_a_group_of_query_heads_as_the_kv_head_they_read():
+    gqa = qkv.MultiHeadAttention(24, 6, num_kv_heads=2)  # query head i reads K/V head i // 3
+    figure = qkv.diagrams.projection(torch.randn(5, 24), gqa, heads=True)
+    q_row = qkv.diagrams.cells(figure, "Q").colours[0]
+    k_row = qkv.diagrams.cells(figure, "K").colours[0]
+    d_k = 4
+    for i in range(6):
+        assert q_row[i * d_k] == k_row[(i // 3) * d_k], i
+
+
+def test_projection_reads_a_sequence_first_batch_as_its_module_does():
+    seq_first = qkv.MultiHeadAttention(12, 3, batch_first=False)
+    figure = qkv.diagrams.projection(torch.randn(7, 2, 12), seq_first)  # (T, B, d_model)
+    assert "(7, 12)" in texts_of(figure) and "(2, 12)" not in texts_of(figure)
+
+
+def test_large_matrices_are_drawn_as_blocks_quickly_and_keep_their_colours():
+    wide = qkv.MultiHeadAttention(128, 4)  # W^Q: 128 · 128 = 16384 cells, more than LARGE
+    figure = qkv.diagrams.projection(torch.randn(3, 128), wide, heads=True)
+    collection = next(c for c in figure.axes[0].collections if c.get_gid() == "W^Q:cells")
+    assert len(collection.get_paths()) == 4  # one block per head, not one per cell
+    grid = qkv.diagrams.cells(figure, "W^Q").colours
+    assert [grid[0][32 * i] for i in range(4)] == list(HEAD_COLOURS[:4])
+
+
+def test_empty_inputs_are_named():
+    mha = qkv.MultiHeadAttention(12, 3)
+    with pytest.raises(ValueError, match=r"x is an empty batch, shape \(0, 5, 12\)"):
+        qkv.diagrams.projection(torch.randn(0, 5, 12), mha)
+    with pytest.raises(TypeError, match="heads must be True or False"):
+        qkv.diagrams.projection(torch.randn(5, 12), mha, heads="yes")

@@ -169,3 +169,17 @@ def test_figures_fit_the_column_and_print_nothing(capsys):
     for figure in (heads_from_one_matrix(x, wide), multi_head(wide, x), reshape(4, 6, 6)):
         assert figure.get_size_inches()[0] <= 7.0 + 1e-9
     assert capsys.readouterr() == ("", "")
+
+
+def test_reshape_refuses_sizes_too_big_to_read_and_says_when_both_agree():
+    with pytest.raises(ValueError, match=r"8 · 32 · 32 = 8192 entries is more than 1024"):
+        qkv.diagrams.reshape(8, 32, 32)
+    texts = qkv.diagrams.texts_of(qkv.diagrams.reshape(3, 1, 4))  # one position: the two agree
+    assert any("the same here" in t for t in texts)
+    assert not any("mixes heads and positions" in t for t in texts)
+
+
+def test_multi_head_labels_only_the_ends_when_heads_are_many():
+    texts = qkv.diagrams.texts_of(qkv.diagrams.multi_head(qkv.MultiHeadAttention(64, 16), torch.randn(5, 64)))
+    heads = [t for t in texts if "head" in t and "Concat" not in t]
+    assert len(heads) == 2, heads  # head_1 and head_16, not sixteen overlapping labels

@@ -185,11 +185,14 @@ def hatched(figure) -> set[tuple[int, int]]:
         assert drawn.colours[t][s] == MASKED_COLOUR
     (collection,) = [c for c in figure.axes[0].collections if c.get_gid() == "map:masked"] or [None]
     if found:
-        assert collection.get_hatch() == MASKED_HATCH and len(collection.get_paths()) == len(found)
+        assert collection.get_hatch() == MASKED_HATCH
         assert {matplotlib.colors.to_hex(c) for c in collection.get_facecolor()} == {MASKED_COLOUR.lower()}
-        corners = {(round(p.vertices[:, 1].min() + 0.5), round(p.vertices[:, 0].min() + 0.5))
-                   for p in collection.get_paths()}  # fmt: skip
-        assert corners == found  # the hatching lies on those cells
+        covered = set()  # the cells under the hatched rectangles (runs of masked cells along a row)
+        for path in collection.get_paths():
+            row = round(path.vertices[:, 1].min() + 0.5)
+            first, last = round(path.vertices[:, 0].min() + 0.5), round(path.vertices[:, 0].max() - 0.5)
+            covered |= {(row, s) for s in range(first, last + 1)}
+        assert covered == found  # the hatching lies on those cells, and on no other
     return found
 
 
@@ -270,3 +273,22 @@ def test_figures_fit_the_column_and_print_nothing(capsys, model):
     for figure in figures:
         assert figure.get_size_inches()[0] <= 7.0 + 1e-9
     assert capsys.readouterr() == ("", "")
+
+
+def test_labels_of_ten_or_more_heads_keep_their_subscripts_whole():
+    layer = qkv.MultiHeadAttention(48, 12)
+    texts = qkv.diagrams.texts_of(qkv.diagrams.decoding_step(layer, layer.new_cache(1, 4)))
+    assert any("_{10}" in t for t in texts) and not any("_10" in t for t in texts)
+
+
+def test_attention_map_masks_in_runs_and_names_bad_arguments():
+    figure = qkv.diagrams.attention_map(torch.rand(64, 64), qkv.causal_mask(64))
+    masked = next(c for ax in figure.axes for c in ax.collections if c.get_gid() == "map:masked")
+    assert len(masked.get_paths()) == 63  # one run per row that has masked cells, not 2016 cells
+    assert sum(map(sum, qkv.diagrams.cells(figure, "map").hatched)) == 64 * 63 // 2
+    with pytest.raises(ValueError, match="weights have 0 queries and 3 keys: nothing to draw"):
+        qkv.diagrams.attention_map(torch.rand(0, 3))
+    with pytest.raises(ValueError, match="vmax must be a positive number or None, got -1"):
+        qkv.diagrams.attention_map(torch.rand(2, 3), vmax=-1)
+    with pytest.raises(TypeError, match="title must be a str, got int"):
+        qkv.diagrams.attention_map(torch.rand(2, 3), title=5)

@@ -180,7 +180,7 @@ def plot_heads(
     columns = min(heads, 2 if ncols is None else require_positive_int("ncols", ncols))
     rows = -(-heads // columns)  # ceiling division
     figure, grid = plt.subplots(
-        rows, columns, figsize=(3.2 * columns + 1.0, 3.4 * rows), squeeze=False, layout="constrained"
+        rows, columns, figsize=(3.0 * columns + 0.8, 3.4 * rows), squeeze=False, layout="constrained"
     )
     for ax in grid.flat[heads:]:
         ax.set_visible(False)  # the last row's empty places

@@ -82,7 +82,8 @@ def head_weights(layer: object) -> HeadWeights:
             f"qkv.PerHeadMultiHeadAttention), got {type(layer).__name__}"
         )
     weights = to_heads()
-    assert isinstance(weights, HeadWeights)
+    if not isinstance(weights, HeadWeights):
+        raise TypeError(f"layer.to_heads() must return a qkv.HeadWeights, got {type(weights).__name__}")
     return weights
 
 
@@ -101,18 +102,32 @@ def require_matplotlib() -> None:
         raise ImportError("qkv's diagrams need matplotlib: pip install 'qkv[plot]'") from error
 
 
-def as_matrix(name: str, x: object, *, layout: str) -> torch.Tensor:
-    """A 2-D tensor from ``x``: a tensor of 2 dimensions, or the first sequence of a 3-D batch."""
+def as_matrix(name: str, x: object, *, layout: str, batch_first: bool = True) -> torch.Tensor:
+    """A 2-D tensor from ``x``: a tensor of 2 dimensions, or the first sequence of a 3-D batch.
+
+    A batch is (B, L, features), or (L, B, features) when ``batch_first`` is False (the
+    layout of a module built with ``batch_first=False``).
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
     if x.dim() == 3:
-        x = x[0]  # the first sequence of a batch
+        if 0 in x.shape[:2]:
+            raise ValueError(f"{name} is an empty batch, shape {shape_str(x.shape)}: nothing to draw")
+        x = x[0] if batch_first else x[:, 0]  # the first sequence of a batch
     if x.dim() != 2:
         raise ValueError(
             f"{name} must have 2 dimensions {layout} (or 3, a batch, of which the first sequence is "
             f"drawn), got shape {shape_str(x.shape)}"
         )
+    if 0 in x.shape:
+        raise ValueError(f"{name} has shape {shape_str(x.shape)}: nothing to draw")
     return x.detach()
+
+
+def batch_first_of(layer: object) -> bool:
+    """Whether ``layer`` (a module, or HeadWeights) takes batch-first inputs; True unless it says not."""
+    flag = getattr(layer, "batch_first", True)
+    return flag if isinstance(flag, bool) else True
 
 
 class Canvas:
@@ -196,6 +211,8 @@ class Canvas:
         from matplotlib.patches import Rectangle
 
         name = gid if gid is not None else (label or "matrix")
+        cell_points = 72 * self.unit  # a cell's side, in points
+        grid = grid and cell_points >= 4  # grid lines on tiny cells would wash the colours out
         colours: list[list[str]] = []
         for r in range(rows):
             if cell_colours is not None:
@@ -239,12 +256,17 @@ class Canvas:
                 for c in range(cols):
                     if cell_text[r][c]:
                         texts[r][c] = cell_text[r][c]
-                        ink = TEXT_COLOUR if hatched[r][c] else ink_on(colours[r][c], alpha)
-                        self.text(x + c + 0.5, y + r + 0.5, cell_text[r][c], size=0.75, colour=ink)
+                        # The text fits its cell (about 0.6 of the side per character), or is left out.
+                        points = min(0.75 * self.font, 0.9 * cell_points / max(1, len(cell_text[r][c])))
+                        if points >= 4:
+                            ink = TEXT_COLOUR if hatched[r][c] else ink_on(colours[r][c], alpha)
+                            self.text(x + c + 0.5, y + r + 0.5, cell_text[r][c], size=points / self.font,
+                                      colour=ink)  # fmt: skip
         shown = [[MASKED_COLOUR if hatched[r][c] else colours[r][c] for c in range(cols)]
                  for r in range(rows)]  # fmt: skip
         _registry(self.figure)[name] = Cells(shown, hatched, texts, (x, y))
-        width = 0.9 if frame == EDGE_COLOUR else 2.2
+        # A role-coloured frame, thinner than a third of a cell so that it never hides one.
+        width = 0.9 if frame == EDGE_COLOUR else max(0.6, min(2.2, cell_points / 3))
         self.ax.add_patch(
             Rectangle((x, y), cols, rows, fill=False, edgecolor=frame, linewidth=width, gid=f"{name}:frame")
         )

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qkv._validation import require_size
-from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, Canvas, as_matrix, head_colour, head_weights
+from qkv._validation import require_bool, require_size
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    ROLE_COLOURS,
+    Canvas,
+    as_matrix,
+    batch_first_of,
+    head_colour,
+    head_weights,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -19,22 +27,31 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["projection"]
 
 
-def projection(x: object, layer: object, *, heads: bool = False) -> Figure:
+def projection(
+    x: object, layer: object, *, heads: bool = False, key: object | None = None, value: object | None = None
+) -> Figure:
     """X times W^Q, W^K and W^V gives Q, K and V, every block drawn to scale.
 
     Three rows, one per projection: ``X (T, d_model) × W^Q (d_model, h·d_k) = Q
-    (T, h·d_k)``, and likewise for K and V (self-attention: the same X in all
-    three). Each block is labelled with its shape, read from the objects passed.
+    (T, h·d_k)``, and likewise for K and V: in self-attention the same X in all
+    three; in cross-attention ``key`` and ``value`` (an encoder's output, say) in
+    the K and V rows. Each block is labelled with its shape, read from the objects
+    passed.
 
     Parameters
     ----------
-    x : Tensor, shape (T, d_model) or (B, T, d_model)
-        The input; of a batch, the first sequence is drawn.
+    x : Tensor, shape (T, d_model) or a batch (B, T, d_model)
+        The query input; of a batch, the first sequence is drawn ((T, B, d_model)
+        for a module built with ``batch_first=False``).
     layer : HeadWeights or a multi-head module
         Where W^Q, W^K and W^V come from (``to_heads()`` is called on a module).
     heads : bool
-        Colour the columns of W and of Q, K, V by head (head i's block of d_k
-        columns in head i's colour) instead of by role.
+        Colour the columns of W and of Q, K, V by head instead of by role. With
+        grouped-query weights a query head takes the colour of the K/V head it
+        reads (query head i reads K/V head ``i // (h / h_kv)``).
+    key, value : Tensor, shape (S, kdim) and (S, vdim), optional
+        The key and value inputs; default ``x`` (self-attention) and ``key``. A
+        layer whose kdim or vdim is not d_model needs them.
 
     Returns
     -------
@@ -49,35 +66,52 @@ def projection(x: object, layer: object, *, heads: bool = False) -> Figure:
     ['(12, 12)', '(5, 12)']
     """
     weights = head_weights(layer)
-    x2 = as_matrix("x", x, layout="(T, d_model)")
+    heads = require_bool("heads", heads)
+    first = batch_first_of(layer)
+    x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=first)
     require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
-    T, d_model = x2.shape
+    for name, given, width in (("key", key, weights.kdim), ("value", value, weights.vdim)):
+        if given is None and width != weights.embed_dim and (name == "key" or key is None):
+            raise ValueError(
+                f"the layer's {'kdim' if name == 'key' else 'vdim'} is {width}, not d_model = "
+                f"{weights.embed_dim}: pass {name}= (S, {width}), the input its W^{name[0].upper()} reads"
+            )
+    k2 = x2 if key is None else as_matrix("key", key, layout="(S, kdim)", batch_first=first)
+    v2 = k2 if value is None else as_matrix("value", value, layout="(S, vdim)", batch_first=first)
+    require_size("key", k2, 1, weights.kdim, "features", "the layer's kdim")
+    require_size("value", v2, 1, weights.vdim, "features", "the layer's vdim")
     h, h_kv = weights.num_heads, weights.num_kv_heads
+    group = h // h_kv  # query heads per K/V head
+    v_name = "X" if key is None and value is None else "X_V"
+    # (output, W, role, input, input's name, heads, size per head, heads per colour)
     rows = [
-        ("Q", "W^Q", "q", h, weights.d_k),
-        ("K", "W^K", "k", h_kv, weights.d_k),
-        ("V", "W^V", "v", h_kv, weights.d_v),
+        ("Q", "W^Q", "q", x2, "X", h, weights.d_k, group),  # a group of query heads: its K/V head's colour
+        ("K", "W^K", "k", k2, "X" if key is None else "X_K", h_kv, weights.d_k, 1),
+        ("V", "W^V", "v", v2, v_name, h_kv, weights.d_v, 1),
     ]
-    widest = max(n * d for _, _, _, n, d in rows)
+    widest_in = max(inp.shape[1] for _, _, _, inp, _, _, _, _ in rows)
+    widest = max(n * d for _, _, _, _, _, n, d, _ in rows)
     gap, above, below = 0.45, 0.3, 0.3  # inches: between blocks, for labels above and shapes below
-    row_units = max(T, d_model)
+    row_units = [max(inp.shape[0], inp.shape[1]) for _, _, _, inp, _, _, _, _ in rows]
     canvas = Canvas(
-        d_model + 2 * widest, 3 * row_units, extra_width=4 * gap, extra_height=3 * (above + below)
+        widest_in + 2 * widest, sum(row_units), extra_width=4 * gap, extra_height=3 * (above + below)
     )
     gap_units = canvas.inch(gap)
-    for i, (out_name, w_name, role, n_heads, d) in enumerate(rows):
-        top = canvas.inch(above) + i * (row_units + canvas.inch(above + below))
-        colours = [head_colour(j // d) for j in range(n_heads * d)] if heads else None
-        x_box = canvas.matrix(gap_units / 2, top, T, d_model, ROLE_COLOURS["x"], label="X",
-                              shape=(T, d_model), gid=f"X{i}")  # fmt: skip
-        canvas.operator(x_box["right"] + gap_units / 2, top + T / 2, "×")
+    top = canvas.inch(above)
+    for i, (out_name, w_name, role, inp, in_name, n_heads, d, per_colour) in enumerate(rows):
+        length, width = inp.shape
+        colours = [head_colour(j // d // per_colour) for j in range(n_heads * d)] if heads else None
+        x_box = canvas.matrix(gap_units / 2, top, length, width, ROLE_COLOURS["x"], label=in_name,
+                              shape=(length, width), gid=f"X{i}")  # fmt: skip
+        x_right = gap_units / 2 + widest_in  # the W column lines up across rows
+        canvas.operator((x_box["right"] + x_right + gap_units) / 2, top + length / 2, "×")
         frame = ROLE_COLOURS[role] if heads else EDGE_COLOUR  # the role stays visible around the heads
-        w_box = canvas.matrix(x_box["right"] + gap_units, top, d_model, n_heads * d, ROLE_COLOURS[role],
-                              column_colours=colours, label=w_name, shape=(d_model, n_heads * d),
+        w_box = canvas.matrix(x_right + gap_units, top, width, n_heads * d, ROLE_COLOURS[role],
+                              column_colours=colours, label=w_name, shape=(width, n_heads * d),
                               frame=frame)  # fmt: skip
-        canvas.operator(w_box["right"] + gap_units / 2, top + T / 2, "=")
-        canvas.matrix(w_box["right"] + gap_units, top, T, n_heads * d, ROLE_COLOURS[role],
-                      column_colours=colours, label=out_name, shape=(T, n_heads * d),
+        canvas.operator(w_box["right"] + gap_units / 2, top + length / 2, "=")
+        canvas.matrix(w_box["right"] + gap_units, top, length, n_heads * d, ROLE_COLOURS[role],
+                      column_colours=colours, label=out_name, shape=(length, n_heads * d),
                       frame=frame)  # fmt: skip
+        top += row_units[i] + canvas.inch(above + below)
     return canvas.figure
-

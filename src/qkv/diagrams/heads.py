@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from qkv._validation import require_bool, require_positive_int, require_size, shape_str
-from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, Canvas, as_matrix, head_colour, head_weights, ink_on
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    ROLE_COLOURS,
+    Canvas,
+    as_matrix,
+    batch_first_of,
+    head_colour,
+    head_weights,
+    ink_on,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -92,7 +101,7 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
         raise ValueError(f'projection must be "q", "k" or "v", got {projection!r}')
     layout, against = _PROJECTIONS[projection]
     per_head = {"q": weights.w_q, "k": weights.w_k, "v": weights.w_v}[projection]  # (n, d_in, d)
-    x2 = as_matrix("x", x, layout=layout)  # (T, d_in)
+    x2 = as_matrix("x", x, layout=layout, batch_first=batch_first_of(layer))  # (T, d_in)
     require_size("x", x2, 1, per_head.shape[1], "features", against)
     n, d_in, d = per_head.shape
     fused = per_head.permute(1, 0, 2).reshape(d_in, n * d)  # (d_in, n·d): the heads' blocks side by side
@@ -200,6 +209,12 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
     d = require_positive_int("d_k", d_k)
     B = require_positive_int("batch", batch)
     wrong = require_bool("wrong", wrong)
+    if T * h * d > MAX_RESHAPE_ENTRIES:
+        raise ValueError(
+            f"reshape draws and numbers every entry: num_heads · length · d_k = {h} · {T} · {d} = "
+            f"{h * T * d} entries is more than {MAX_RESHAPE_ENTRIES}, too many to read; pass smaller "
+            "sizes (the reshape does the same at any size)"
+        )
     # Each entry holds its position and head, as position · h + head; then the reshapes, by torch.
     positions = torch.arange(T)[:, None].expand(T, h * d)  # (T, h·d)
     heads = (torch.arange(h * d) // d)[None, :].expand(T, h * d)  # (T, h·d)
@@ -248,9 +263,12 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
         canvas.text(x + cols / 2, y - canvas.inch(0.06), names, va="bottom", size=0.85)
         canvas.text(x + cols / 2, y + height + canvas.inch(0.05), shape_str(shape), va="top", size=0.85)
 
+    same = torch.equal(right, jumbled)  # with one position or one head the two reshapes agree
     headings = {
         "right": "Right: .view(B, T, h, d_k).transpose(1, 2): each head holds every position",
-        "wrong": "Wrong: .view(B, h, T, d_k): each “head” mixes heads and positions",
+        "wrong": "Wrong: .view(B, h, T, d_k): each “head” mixes heads and positions"
+        if not same
+        else "Wrong: .view(B, h, T, d_k): the same here, with one position or one head",
     }
     row_step = stack_height + canvas.inch(heading + _ABOVE + _BELOW + 0.15)
     for r, name in enumerate(("right", "wrong") if wrong else ("right",)):
@@ -276,6 +294,10 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
             stack(x_heads, top, jumbled[0], head_gap, "wrong.head", "“head”")
             axes(x_heads, top, d, stack_height, "(B, h, T, d_k)", jumbled.shape)
     return canvas.figure
+
+
+#: The most entries :func:`reshape` draws (each is numbered: more would not be readable).
+MAX_RESHAPE_ENTRIES = 1024
 
 
 def multi_head(layer: object, x: object) -> Figure:
@@ -316,7 +338,7 @@ def multi_head(layer: object, x: object) -> Figure:
     ['(5, 12)', '(5, 2)', '(5, 6)', '(6, 12)']
     """
     weights = head_weights(layer)
-    x2 = as_matrix("x", x, layout="(T, d_model)")  # (T, d_model)
+    x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=batch_first_of(layer))  # (T, d_model)
     require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
     T = x2.shape[0]
     h, d_v = weights.num_heads, weights.d_v
@@ -344,9 +366,12 @@ def multi_head(layer: object, x: object) -> Figure:
     top = canvas.inch(_TITLE + _ABOVE)
     concat_top = top + T + canvas.inch(_BELOW + down + _ABOVE)
     canvas.title("Multi-head attention: $\\mathrm{Concat}(\\mathrm{head}_1, …, \\mathrm{head}_h)\\,W^O$")
+    crowded = (d_v + head_gap) * canvas.unit < 0.6  # inches per head: too narrow for every label
     for i in range(h):
+        labelled = not crowded or i in (0, h - 1)  # when crowded, the first and the last head only
         canvas.matrix(x_heads + i * (d_v + head_gap), top, T, d_v, head_colour(i),
-                      label=f"\\mathrm{{head}}_{_index(i)}", shape=(T, d_v), gid=f"head_{i + 1}")  # fmt: skip
+                      label=f"\\mathrm{{head}}_{_index(i)}" if labelled else None,
+                      shape=(T, d_v) if not crowded or i == 0 else None, gid=f"head_{i + 1}")  # fmt: skip
     arrow_top, arrow_bottom = top + T + canvas.inch(_BELOW), concat_top - canvas.inch(_ABOVE)
     canvas.arrow(centre, arrow_top, centre, arrow_bottom)
     canvas.text(centre + canvas.inch(0.1), (arrow_top + arrow_bottom) / 2, "concatenate the features",

@@ -310,7 +310,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
             d_dec,
             q_cols,
             ROLE_COLOURS["q"],
-            label=f"W^Q_{i}",
+            label=f"W^Q_{_sub(i)}",
             shape=(d_dec, q_cols),
             grid=grid,
             gid=f"W^Q{i}",
@@ -323,7 +323,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
             T,
             q_cols,
             ROLE_COLOURS["q"],
-            label=f"Q_{i}",
+            label=f"Q_{_sub(i)}",
             shape=(T, q_cols),
             grid=grid,
             gid=f"Q{i}",
@@ -359,7 +359,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
                 d_enc,
                 cols,
                 ROLE_COLOURS[role],
-                label=f"W^{w_name}_{i}",
+                label=f"W^{w_name}_{_sub(i)}",
                 shape=(d_enc, cols),
                 grid=grid,
                 gid=f"W^{w_name}{i}",
@@ -372,7 +372,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
                 S,
                 cols,
                 ROLE_COLOURS[role],
-                label=f"{w_name}_{i}",
+                label=f"{w_name}_{_sub(i)}",
                 shape=(S, cols),
                 grid=grid,
                 gid=f"{w_name}{i}",
@@ -601,7 +601,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
                 cols,
                 colour,
                 cell_colours=cells,
-                label=f"{name}_{j}",
+                label=f"{name}_{_sub(j)}",
                 shape=(rows, cols),
                 grid=grid,
                 frame=ROLE_COLOURS[role],
@@ -683,6 +683,11 @@ def _label_map_axis(
 def _too_wide(texts: Sequence[str], cell: float) -> bool:
     """Whether a tick label is wider than a cell of ``cell`` inches (10-pt characters are ~0.08 inch)."""
     return max((len(text) for text in texts), default=0) * _CHAR > 0.9 * cell
+
+
+def _sub(i: int) -> str:
+    """``i`` as a maths subscript: ``3``, or ``{12}`` (braces keep both digits in the subscript)."""
+    return str(i) if i < 10 else f"{{{i}}}"
 
 
 def _as_array(name: str, x: object) -> np.ndarray:
@@ -788,7 +793,7 @@ def attention_map(
     require_matplotlib()
     from matplotlib import colormaps
     from matplotlib.collections import PatchCollection
-    from matplotlib.colors import Normalize, to_hex
+    from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
 
@@ -826,6 +831,12 @@ def attention_map(
     elif head is not None:
         raise ValueError(f"head={head} was given, but weights {layout} have no head axis")
     T, S = array.shape
+    if T == 0 or S == 0:
+        raise ValueError(f"weights have {T} queries and {S} keys: nothing to draw")
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__}")
+    if vmax is not None and (isinstance(vmax, bool) or not isinstance(vmax, (int, float)) or not vmax > 0):
+        raise ValueError(f"vmax must be a positive number or None, got {vmax!r}")
     for name, labels, size, what in (("queries", queries, T, "query"), ("keys", keys, S, "key")):
         if labels is not None and len(labels) != size:
             raise ValueError(f"{name} has {len(labels)} labels, but the weights have {size} {what} positions")
@@ -851,8 +862,20 @@ def attention_map(
         interpolation="nearest",
         aspect="auto",
     )
-    if blocked.any():  # one collection for every masked cell: fast for long maps
-        boxes = [Rectangle((s - 0.5, t - 0.5), 1, 1) for t, s in zip(*np.nonzero(blocked), strict=True)]
+    if blocked.any():  # one collection, one rectangle per run of masked cells in a row: fast for long maps
+        boxes = []
+        for t in range(T):
+            row = blocked[t]
+            s = 0
+            while s < S:
+                if row[s]:
+                    end = s
+                    while end < S and row[end]:
+                        end += 1
+                    boxes.append(Rectangle((s - 0.5, t - 0.5), end - s, 1))
+                    s = end
+                else:
+                    s += 1
         ax.add_collection(
             PatchCollection(
                 boxes,
@@ -864,8 +887,9 @@ def attention_map(
             )
         )
     norm = Normalize(vmin=0.0, vmax=top)
+    rgb = np.round(np.asarray(cmap(norm(array)))[..., :3] * 255).astype(int)  # (T, S, 3), all cells at once
     shown = [
-        [MASKED_COLOUR if blocked[t, s] else to_hex(cmap(norm(array[t, s]))) for s in range(S)]
+        [MASKED_COLOUR if blocked[t, s] else "#{:02x}{:02x}{:02x}".format(*rgb[t, s]) for s in range(S)]
         for t in range(T)
     ]
     register_cells(figure, "map", Cells(shown, blocked.tolist(), [[""] * S for _ in range(T)], (-0.5, -0.5)))
