@@ -621,7 +621,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
                 _lighter(head_colour(0)),
                 False,
             ),
-            ("new: this step's $k_t$ and $v_t$, appended; only they are computed", head_colour(0), True),
+            ("new: this step's $k_t$ and $v_t$, appended; computed now, like $q_t$", head_colour(0), True),
         )
     ):
         line_y = legend_top + (n + 0.5) * scale.line
