@@ -10,7 +10,8 @@ with the notebook's folder as working directory, as nbval runs it. Cell ids are
 kept, execution timings are not recorded, and volatile metadata (the Python patch
 version, widget state, per-cell execution records) is removed, so that re-running
 an unchanged chapter leaves the file unchanged. A cell that raises stops the run,
-unless it is tagged ``raises-exception``.
+unless it is tagged ``raises-exception``; such a cell's stored error keeps its type
+and message only, not the traceback.
 """
 
 from __future__ import annotations
@@ -59,6 +60,19 @@ def _strip_volatile(nb: nbformat.NotebookNode) -> None:
                 output.pop("transient", None)
 
 
+def _short_errors(nb: nbformat.NotebookNode) -> None:
+    """Store an error demonstration as the reader needs it: its type and message, nothing else.
+
+    A full traceback runs through qkv's source with this machine's paths, and buries
+    the message, which is the point of the demonstration. (nbval does not compare
+    tracebacks; it compares the error's type and message, which are kept.)
+    """
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if output.get("output_type") == "error":
+                output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
+
+
 def _ensure_ids(nb: nbformat.NotebookNode) -> None:
     """Keep existing cell ids; give new cells one (nbformat 4.5 requires ids)."""
     nb.nbformat, nb.nbformat_minor = 4, max(nb.get("nbformat_minor", 5), 5)
@@ -85,6 +99,7 @@ def execute(path: Path, timeout: int) -> None:
     )
     client.execute()
     _strip_volatile(nb)
+    _short_errors(nb)
     nbformat.validate(nb)
     text = nbformat.writes(nb) + "\n"
     if path.read_text(encoding="utf-8") != text:

@@ -180,3 +180,17 @@ def test_stored_notebooks_stay_small() -> None:
     for notebook in sorted((ROOT / "book").glob("*.ipynb")):
         size = notebook.stat().st_size
         assert size < 1_500_000, f"{notebook.name} is {size / 1e6:.1f} MB; shrink its figures"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_outputs_show_no_machine_paths_or_tracebacks(path: Path) -> None:
+    """Readers see an error demonstration's type and message, never this machine's files."""
+    local = re.compile(r"(?<![\w.~])/(home|root|tmp|work|usr|opt|var|Users)/")
+    for index, cell in enumerate(_code_cells(path)):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                assert len(output["traceback"]) == 1, f"{path.name}: code cell {index} stores a traceback"
+            text = json.dumps({k: v for k, v in output.items() if k != "data"} | {
+                "data": {k: v for k, v in output.get("data", {}).items() if not k.startswith("image/")}
+            })
+            assert not local.search(text), f"{path.name}: code cell {index} shows a path of this machine"
