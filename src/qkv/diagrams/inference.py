@@ -125,6 +125,27 @@ def _head_dividers(canvas: Canvas, box: dict[str, float], size: int) -> None:
         canvas.ax.plot([box["x"] + c] * 2, [box["y"], box["bottom"]], color="#FFFFFF", linewidth=1.8)
 
 
+def _weight_and_product(
+    canvas: Canvas, columns: tuple[float, float, float], top: float, middle: float, rows: tuple[int, int],
+    cols: int, role: str, letter: str, layer: int, size: int, grid: bool,
+) -> dict[str, float]:  # fmt: skip
+    """``× W^{letter}_{layer} = {letter}_{layer}``: the weight (rows[0], cols) and the product
+    (rows[1], cols), heads divided every ``size`` columns; returns the product's box.
+
+    ``columns`` are the x of the weight and of the product, and the gap before each.
+    """
+    x_w, x_out, gap = columns
+    canvas.operator(x_w - gap / 2, middle, "×")
+    w_box = canvas.matrix(x_w, top, rows[0], cols, ROLE_COLOURS[role], label=f"W^{letter}_{_sub(layer)}",
+                          shape=(rows[0], cols), grid=grid, gid=f"W^{letter}{layer}")  # fmt: skip
+    _head_dividers(canvas, w_box, size)
+    canvas.operator(x_out - gap / 2, middle, "=")
+    box = canvas.matrix(x_out, top, rows[1], cols, ROLE_COLOURS[role], label=f"{letter}_{_sub(layer)}",
+                        shape=(rows[1], cols), grid=grid, gid=f"{letter}{layer}")  # fmt: skip
+    _head_dividers(canvas, box, size)
+    return box
+
+
 def _line(canvas: Canvas, xs: Sequence[float], ys: Sequence[float]) -> None:
     canvas.ax.plot(xs, ys, color=EDGE_COLOUR, linewidth=1.0, solid_capstyle="butt")
 
@@ -302,33 +323,9 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
             grid=grid,
             gid=f"dec{i}",
         )
-        canvas.operator(x_w - gap / 2, top + T / 2, "×")
         q_cols = w.num_heads * w.d_k
-        box = canvas.matrix(
-            x_w,
-            top,
-            d_dec,
-            q_cols,
-            ROLE_COLOURS["q"],
-            label=f"W^Q_{_sub(i)}",
-            shape=(d_dec, q_cols),
-            grid=grid,
-            gid=f"W^Q{i}",
-        )
-        _head_dividers(canvas, box, w.d_k)
-        canvas.operator(x_out - gap / 2, top + T / 2, "=")
-        q_box = canvas.matrix(
-            x_out,
-            top,
-            T,
-            q_cols,
-            ROLE_COLOURS["q"],
-            label=f"Q_{_sub(i)}",
-            shape=(T, q_cols),
-            grid=grid,
-            gid=f"Q{i}",
-        )
-        _head_dividers(canvas, q_box, w.d_k)
+        q_box = _weight_and_product(canvas, (x_w, x_out, gap), top, top + T / 2, (d_dec, T), q_cols,
+                                    "q", "Q", i, w.d_k, grid)  # fmt: skip
         canvas.arrow(q_box["right"] + 0.3, top + T / 2, x_scores - 0.3, top + T / 2)
         scores = canvas.matrix(
             x_scores,
@@ -352,32 +349,8 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
             middle = top + min(S, d_enc) / 2
             branches.append(middle)
             canvas.arrow(bus_x, middle, x_w - gap / 2 - scale.units(0.12), middle, label=r"$\mathrm{enc}$")
-            canvas.operator(x_w - gap / 2, middle, "×")
-            box = canvas.matrix(
-                x_w,
-                top,
-                d_enc,
-                cols,
-                ROLE_COLOURS[role],
-                label=f"W^{w_name}_{_sub(i)}",
-                shape=(d_enc, cols),
-                grid=grid,
-                gid=f"W^{w_name}{i}",
-            )
-            _head_dividers(canvas, box, size)
-            canvas.operator(x_out - gap / 2, middle, "=")
-            box = canvas.matrix(
-                x_out,
-                top,
-                S,
-                cols,
-                ROLE_COLOURS[role],
-                label=f"{w_name}_{_sub(i)}",
-                shape=(S, cols),
-                grid=grid,
-                gid=f"{w_name}{i}",
-            )
-            _head_dividers(canvas, box, size)
+            box = _weight_and_product(canvas, (x_w, x_out, gap), top, middle, (d_enc, S), cols, role,
+                                      w_name, i, size, grid)  # fmt: skip
             if role == "k":
                 k_box = box
             y += kv_h[i]
