@@ -80,6 +80,8 @@ lint: $(PASSED)/lint
 	@echo "lint: passed (re-runs when one of its inputs changes)"
 $(PASSED)/lint: $(STAMP) $(PACKAGE) $(TESTS) $(NOTEBOOKS) $(wildcard scripts/*.py benchmarks/*.py book/*.py)
 	$(BIN)/ruff check .
+	@# The chapters' code fits the page's code column: 88 characters (the package: 110).
+	$(BIN)/ruff check --line-length 88 --select E501 $(NOTEBOOKS)
 	$(BIN)/mypy --strict src/qkv tests/typing
 	$(call passed,lint)
 

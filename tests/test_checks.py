@@ -199,8 +199,25 @@ def test_each_bug_fails_exactly_the_expected_checks(bug, inputs):
     report = run_checks(bug.from_heads(weights), query, key, value, mask=mask)
     assert failed(report) == expected
     message = next(r.message for r in report if r.name == name)
-    assert words in message
+    assert words in " ".join(message.split())  # the message is wrapped to 88 columns
     assert "expected:" in message and "measured:" in message and "usual cause:" in message
+    assert max(len(line) for line in message.splitlines()) <= 88, message
+
+
+def test_failure_message_is_wrapped_with_continuations_indented():
+    # Plain textwrap would break one of these shapes across two lines.
+    measured = " ".join(f"value {i} of shape (B, h, T, S)," for i in range(9))
+    error = AttentionCheckError("some_check", "a claim", "exactly 0", measured, "a cause")
+    lines = str(error).splitlines()
+    fields = [line.split(":")[0] for line in lines if not line.startswith("    ")]
+    assert fields == ["some_check failed", "  expected", "  measured", "  usual cause"]
+    assert all(len(line) <= 88 for line in lines), lines
+    wrapped = lines[2 : lines.index("  usual cause: a cause")]
+    assert len(wrapped) > 1
+    assert all(line.startswith("    ") and line[4] != " " for line in wrapped[1:]), wrapped
+    assert " ".join(line.strip() for line in wrapped) == f"measured: {measured}"
+    assert str(error).count("(B, h, T, S)") == 9  # no line breaks inside a shape
+    assert error.measured == measured  # the attribute keeps the text unwrapped
 
 
 def test_check_error_is_an_assertion_error_with_its_parts(inputs):

@@ -26,10 +26,24 @@ except ImportError:
     import sys
 
     url = "git+{url}@{branch}"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"qkv[notebook] @ {{url}}"], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"qkv[notebook] @ {{url}}"],
+        check=True,
+    )
     import qkv
 
 qkv.setup()"""
+
+
+# The book's code column: a chapter's code and printed output fit it (the page shows
+# about 88 characters of monospace, and wraps nothing but error messages).
+WIDTH = 88
+# An integer (or a float's integer part) of 5 digits or more without thousands
+# separators, e.g. 25165824: not part of a word (float16, 0x7f3a1), of a decimal
+# fraction (0.99504), or of a number already written 25,165,824.
+BARE_INTEGER = re.compile(r"(?<![\w.,])\d{5,}")
+# Reprs whose numbers are data, printed as the library prints them: left alone.
+DATA_REPRS = ("tensor(", "array(", "torch.Size(", "Parameter containing")
 
 
 def _config() -> dict:
@@ -66,6 +80,23 @@ def _source(cell: dict) -> str:
 
 def _tags(cell: dict) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
+
+
+def _text(value: str | list[str]) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
+def _printed(output: dict) -> str:
+    """What a reader sees of a stored output as text: a stream, or a result's text/plain."""
+    if output.get("output_type") == "stream":
+        return _text(output.get("text", ""))
+    return _text(output.get("data", {}).get("text/plain", ""))
+
+
+def _glued(output: dict) -> str:
+    """The text of a value glued into the prose (myst_nb's glue), or ''."""
+    data = output.get("data", {})
+    return "\n".join(_text(v) for k, v in data.items() if k.startswith("application/papermill.record/text/"))
 
 
 def _code_cells(path: Path) -> list[dict]:
@@ -194,3 +225,41 @@ def test_stored_outputs_show_no_machine_paths_or_tracebacks(path: Path) -> None:
                 "data": {k: v for k, v in output.get("data", {}).items() if not k.startswith("image/")}
             })
             assert not local.search(text), f"{path.name}: code cell {index} shows a path of this machine"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_and_output_fit_the_page_and_numbers_read_easily(path: Path) -> None:
+    """Code and printed output fit WIDTH columns; a large integer has thousands separators.
+
+    Error outputs are exempt from the width (the page wraps them), and so are the
+    numbers inside tensor and array reprs, and, in the prose, inside code spans and
+    links. `make lint` checks the code's width too.
+    """
+    for index, cell in enumerate(_notebook(path)["cells"]):
+        if cell["cell_type"] == "markdown":
+            prose = re.sub(r"`[^`]*`|\(?https?://\S+", "", _source(cell))
+            bare = BARE_INTEGER.findall(prose)
+            assert not bare, f"{path.name}: cell {index} writes {bare} without thousands separators"
+    for index, cell in enumerate(_code_cells(path)):
+        for line in _source(cell).splitlines():
+            assert len(line) <= WIDTH, (
+                f"{path.name}: code cell {index} has a line of {len(line)} > {WIDTH} "
+                f"characters: {line!r}; run ruff format --line-length {WIDTH} on it"
+            )
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                continue
+            printed = _printed(output)
+            for line in printed.splitlines():
+                assert len(line) <= WIDTH, (
+                    f"{path.name}: code cell {index} prints a line of {len(line)} > {WIDTH} "
+                    f"characters: {line!r}; print less, or wrap it"
+                )
+            for text in (printed, _glued(output)):
+                if text.lstrip().startswith(DATA_REPRS):
+                    continue
+                bare = [m.group() for m in BARE_INTEGER.finditer(text)]
+                assert not bare, (
+                    f"{path.name}: code cell {index} shows {bare} without thousands "
+                    f'separators: format it as f"{{n:,}}" ({text[:80]!r})'
+                )

@@ -49,6 +49,8 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import re
+import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -85,6 +87,12 @@ __all__ = [
 #: An attention function ``(query, key, value, mask=None) -> (output, weights)`` or module.
 Attend = Callable[..., Any]
 
+# The width of a failure report's lines: it prints in a notebook or a terminal as it is.
+_REPORT_WIDTH = 88
+# A short group in parentheses, with none inside it: a shape such as (B, h, T, S), or a
+# call's arguments such as (dim=-2). A report does not break a line inside one.
+_UNBROKEN = re.compile(r"\([^()]{0,30}\)")
+
 
 class _ToHeads(Protocol):
     """Has ``to_heads()``, the weights in the paper's per-head form."""
@@ -114,6 +122,12 @@ class AttentionCheckError(AssertionError):
         the worst position).
     cause : str
         The bug that usually produces this failure.
+
+    Notes
+    -----
+    The message gives the claim, then the expected, measured and cause lines, each
+    wrapped to 88 columns with its continuation indented, so that it prints as it is
+    in a notebook or a terminal; the attributes hold the unwrapped text.
     """
 
     def __init__(self, check: str, claim: str, expected: str, measured: str, cause: str) -> None:
@@ -122,12 +136,26 @@ class AttentionCheckError(AssertionError):
         self.expected = expected
         self.measured = measured
         self.cause = cause
-        super().__init__(
-            f"{check} failed: {claim}.\n"
-            f"  expected: {expected}\n"
-            f"  measured: {measured}\n"
-            f"  usual cause: {cause}"
-        )
+        lines = [
+            f"{check} failed: {claim}.",
+            f"  expected: {expected}",
+            f"  measured: {measured}",
+            f"  usual cause: {cause}",
+        ]
+        super().__init__("\n".join(_wrap(line) for line in lines))
+
+
+def _wrap(line: str) -> str:
+    """One line of a report, wrapped to 88 columns, its continuation indented."""
+    kept = _UNBROKEN.sub(lambda group: group[0].replace(" ", "\0"), line)  # not split there
+    wrapped = textwrap.fill(
+        kept,
+        width=_REPORT_WIDTH,
+        subsequent_indent=" " * 4,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return wrapped.replace("\0", " ")
 
 
 @dataclass(frozen=True)
