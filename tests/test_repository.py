@@ -5,6 +5,7 @@ These tests read files only; they do not run notebooks (``make nbval`` does that
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
+PACKAGE = ROOT / "src" / "qkv"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 PAGES = sorted(BOOK.glob("*.md"))
 
@@ -38,6 +40,10 @@ qkv.setup()"""
 # The book's code column: a chapter's code and printed output fit it (the page shows
 # about 88 characters of monospace, and wraps nothing but error messages).
 WIDTH = 88
+# The API page's examples (docstring doctests, rendered by autodoc) sit in a code column
+# indented inside each entry, about 4 characters narrower than a chapter's WIDTH: 84
+# characters at laptop width.
+API_EXAMPLE_WIDTH = WIDTH - 4
 # An integer (or a float's integer part) of 5 digits or more without thousands
 # separators, e.g. 25165824: not part of a word (float16, 0x7f3a1), of a decimal
 # fraction (0.99504), or of a number already written 25,165,824.
@@ -97,6 +103,24 @@ def _glued(output: dict) -> str:
     """The text of a value glued into the prose (myst_nb's glue), or ''."""
     data = output.get("data", {})
     return "\n".join(_text(v) for k, v in data.items() if k.startswith("application/papermill.record/text/"))
+
+
+def _docstrings(path: Path) -> list[tuple[int, list[str]]]:
+    """Each module, class and function docstring in ``path``: its first line, and its lines.
+
+    The lines are as the page shows them: the docstring's own indentation removed.
+    """
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring is None:
+                continue
+            lines = docstring.expandtabs().splitlines()
+            margin = min((len(line) - len(line.lstrip()) for line in lines[1:] if line.strip()), default=0)
+            shown = [lines[0].strip()] + [line[margin:].rstrip() for line in lines[1:]]
+            found.append((node.body[0].lineno, shown))
+    return found
 
 
 def _code_cells(path: Path) -> list[dict]:
@@ -263,3 +287,27 @@ def test_code_and_output_fit_the_page_and_numbers_read_easily(path: Path) -> Non
                     f"{path.name}: code cell {index} shows {bare} without thousands "
                     f'separators: format it as f"{{n:,}}" ({text[:80]!r})'
                 )
+
+
+def test_docstring_examples_fit_the_api_page() -> None:
+    """Every line of a docstring example, input or expected output, fits API_EXAMPLE_WIDTH.
+
+    An example runs from a ``>>>`` line to the next blank line, as doctest reads it.
+    """
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for first, lines in _docstrings(path):
+            in_example = False
+            for offset, line in enumerate(lines):
+                if line.lstrip().startswith(">>>"):
+                    in_example = True
+                elif not line.strip():
+                    in_example = False
+                if in_example and len(line) > API_EXAMPLE_WIDTH:
+                    where = f"{path.relative_to(ROOT).as_posix()}:{first + offset}"
+                    too_long.append(f"{where}: {len(line)} characters: {line!r}")
+    assert not too_long, (
+        f"docstring examples with lines longer than {API_EXAMPLE_WIDTH} characters (the API "
+        "page's example column); break the call over '...' lines, move a trailing comment "
+        "onto its own '>>> #' line, name an intermediate value, or print less:\n" + "\n".join(too_long)
+    )

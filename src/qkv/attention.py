@@ -7,7 +7,7 @@ check that they agree.
 
 See also
 --------
-The chapter "Q, K and V: three letters, three meanings" (book/terminology.ipynb).
+The chapter :doc:`terminology` (book/terminology.ipynb).
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def attention(
     See Also
     --------
     fused_attention : the same computation through PyTorch's fused kernel.
-    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+    :doc:`terminology` : what Q, K and V are, and the equation computed step by step.
 
     Examples
     --------
@@ -299,13 +299,14 @@ def fused_attention(
     See Also
     --------
     attention : the explicit computation, which also returns the weights.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the fused path checked against the others, section "The equivalence ladder".
 
     Examples
     --------
     >>> import torch, qkv
     >>> q, k, v = torch.randn(2, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 5)
-    >>> torch.allclose(qkv.fused_attention(q, k, v), qkv.attention(q, k, v)[0], atol=1e-6)
+    >>> output, _ = qkv.attention(q, k, v)
+    >>> torch.allclose(qkv.fused_attention(q, k, v), output, atol=1e-6)
     True
     >>> torch.allclose(
     ...     qkv.fused_attention(q, k, v, is_causal=True),

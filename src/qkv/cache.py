@@ -13,8 +13,8 @@ computes them once as a :class:`KeyValue`, which ``forward`` then takes instead 
 
 See also
 --------
-The chapter "Cross-attention" (book/cross_attention.ipynb) for K and V computed
-once per source.
+The chapter :doc:`cross_attention` (book/cross_attention.ipynb) for K and V
+computed once per source.
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ class KVCache:
     >>> x = torch.randn(1, 5, 16)
     >>> cache = mha.new_cache(batch_size=1, max_length=8)
     >>> with torch.no_grad():
-    ...     steps = [mha(x[:, t : t + 1], cache=cache, is_causal=True)[0] for t in range(5)]
+    ...     steps = [
+    ...         mha(x[:, t : t + 1], cache=cache, is_causal=True)[0] for t in range(5)
+    ...     ]
     ...     full, _ = mha(x, is_causal=True)
     >>> torch.allclose(torch.cat(steps, dim=1), full, atol=1e-6)
     True
@@ -116,7 +118,7 @@ class KVCache:
     >>> mha(torch.randn(1, 4, 16), cache=cache, is_causal=True)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: cache is full: it holds 5 of max_length=8 tokens and cannot take 4 more; ...
+    ValueError: cache is full: it holds 5 of max_length=8 tokens and cannot take 4 ...
     """
 
     def __init__(

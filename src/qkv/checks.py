@@ -41,7 +41,7 @@ small function first.
 
 See also
 --------
-The chapter "One big W^Q or one per head?", section "A bug zoo" (book/heads.ipynb).
+The chapter :doc:`heads`, section "A bug zoo" (book/heads.ipynb).
 """
 
 from __future__ import annotations
@@ -395,13 +395,14 @@ def check_rows_sum_to_one(
     See Also
     --------
     run_checks
-    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
+    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
 
     Examples
     --------
     >>> import torch, qkv
     >>> from qkv.checks import check_rows_sum_to_one
-    >>> check_rows_sum_to_one(qkv.attention, torch.randn(4, 8), torch.randn(6, 8)).startswith("every row")
+    >>> query, key = torch.randn(4, 8), torch.randn(6, 8)
+    >>> check_rows_sum_to_one(qkv.attention, query, key).startswith("every row")
     True
     """
     _check_tolerance(atol)
@@ -510,7 +511,7 @@ def check_mask_respected(
     See Also
     --------
     run_checks
-    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
+    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
     """
     _check_tolerance(atol)
     if mask is None:
@@ -578,7 +579,7 @@ def check_permutation_invariant(
     See Also
     --------
     run_checks
-    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
+    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -657,7 +658,7 @@ def check_causal(
     See Also
     --------
     qkv.causal_mask
-    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
+    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, _ = _prepare(attend, query, key, value, None)
@@ -777,7 +778,7 @@ def check_heads_independent(
     See Also
     --------
     qkv.split_heads
-    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
+    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -943,7 +944,7 @@ def check_matches_reference(
     See Also
     --------
     qkv.multi_head_attention, qkv.attention
-    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
+    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -1038,7 +1039,7 @@ def run_checks(
     --------
     check_rows_sum_to_one, check_mask_respected, check_permutation_invariant,
     check_causal, check_heads_independent, check_matches_reference
-    :doc:`heads` : the chapter "One big W^Q or one per head?", section "A bug zoo".
+    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
 
     Examples
     --------

@@ -5,8 +5,8 @@ same way on every machine. Each task documents what a model must attend to.
 
 See also
 --------
-The chapters "Cross-attention" (book/cross_attention.ipynb) and "Where W^Q,
-W^K and W^V come from" (book/training.ipynb).
+The chapters :doc:`cross_attention` (book/cross_attention.ipynb) and
+:doc:`training` (book/training.ipynb).
 """
 
 from __future__ import annotations
@@ -82,13 +82,14 @@ class AssociativeRecall:
     See Also
     --------
     qkv.models.RecallModel : a one-layer attention model that solves it.
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : a model trained on it, section "No attention labels needed".
 
     Examples
     --------
     >>> import torch
     >>> from qkv.data import AssociativeRecall
-    >>> batch = AssociativeRecall(num_pairs=4).sample(2, generator=torch.Generator().manual_seed(0))
+    >>> generator = torch.Generator().manual_seed(0)
+    >>> batch = AssociativeRecall(num_pairs=4).sample(2, generator=generator)
     >>> batch.keys.shape, batch.target.shape
     (torch.Size([2, 5]), torch.Size([2]))
     """
@@ -184,7 +185,7 @@ class PreviousTokenTask:
     See Also
     --------
     qkv.models.PreviousTokenModel
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : a model trained on it, and how alike its three learned matrices end up.
     """
 
     length: int = 64
@@ -291,7 +292,7 @@ class AbacusSpellingTask:
     See Also
     --------
     qkv.models.TinyEncoderDecoder : the model the chapter trains on it.
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`cross_attention` : the task, and where a trained cross-attention looks.
 
     Examples
     --------

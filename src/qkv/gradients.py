@@ -19,7 +19,7 @@ and, for a projection ``Q = X W^Q + b^Q``, ``dW^Q = Xᵀ dQ``, ``db^Q = Σ_rows 
 
 See also
 --------
-The chapter "Where W^Q, W^K and W^V come from" (book/training.ipynb).
+The chapter :doc:`training` (book/training.ipynb).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def softmax_backward(weights: Tensor, grad_weights: Tensor) -> Tensor:
     See Also
     --------
     attention_backward
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : the softmax's Jacobian, and the diagonal-only mistake, section "Common mistakes".
     """
     p = require_tensor("weights", weights, min_ndim=1, layout="(..., T, S)")
     dp = require_tensor("grad_weights", grad_weights, min_ndim=1, layout="(..., T, S)")
@@ -176,7 +176,7 @@ def attention_backward(
     --------
     softmax_backward : the step through the softmax.
     manual_attention : the same formulas as an autograd function, for ``gradcheck``.
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : the derivation, section "Backward through attention, by hand".
 
     Examples
     --------
@@ -283,15 +283,18 @@ def multi_head_attention_backward(
     --------
     attention_backward : the step through one head's attention.
     manual_multi_head_attention : the same formulas as an autograd function.
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : the derivation extended to many heads and the output projection.
 
     Examples
     --------
     >>> import torch, qkv, qkv.gradients
     >>> hw = qkv.HeadWeights.random(12, 3, kdim=10, vdim=7)
-    >>> x, memory, v = torch.randn(2, 4, 12), torch.randn(2, 6, 10), torch.randn(2, 6, 7)
+    >>> x, memory = torch.randn(2, 4, 12), torch.randn(2, 6, 10)
+    >>> v = torch.randn(2, 6, 7)
     >>> upstream = torch.ones(2, 4, 12)
-    >>> dx, dm, dv, grads = qkv.gradients.multi_head_attention_backward(x, memory, v, hw, upstream)
+    >>> dx, dm, dv, grads = qkv.gradients.multi_head_attention_backward(
+    ...     x, memory, v, hw, upstream
+    ... )
     >>> grads.w_q.shape == hw.w_q.shape, grads.w_o.shape == hw.w_o.shape
     (True, True)
     """
@@ -356,7 +359,7 @@ def manual_attention(
     See Also
     --------
     attention_backward
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : its multi-head version tested by ``gradcheck``.
     """
     q, k, v, m = _check_attention(query, key, value, mask)
     m = _boolean_mask(m)
@@ -426,7 +429,7 @@ def manual_multi_head_attention(
     See Also
     --------
     multi_head_attention_backward
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : the derivation tested against finite differences by ``gradcheck``.
     """
     q, k, v, m = check_multi_head_args(query, key, value, weights, mask)
     m = _boolean_mask(m)

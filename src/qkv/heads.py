@@ -10,7 +10,7 @@ computes the paper's equations from it directly.
 
 See also
 --------
-The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+The chapter :doc:`heads` (book/heads.ipynb).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     See Also
     --------
     merge_heads : the inverse.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : which features land in which head, section "The reshape, made visible".
 
     Examples
     --------
@@ -116,7 +116,7 @@ def merge_heads(x: Tensor) -> Tensor:
     See Also
     --------
     split_heads
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the heads concatenated, then mixed by the output projection.
 
     Examples
     --------
@@ -165,14 +165,16 @@ class HeadWeights:
     multi_head_attention : the paper's equations computed from these weights.
     MultiHeadAttention.from_heads, MultiHeadAttention.to_heads
     qkv.interop.from_torch, qkv.interop.from_bert, qkv.interop.from_keras
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the per-head form beside the fused one, section "Three methods, one input".
 
     Examples
     --------
     >>> import qkv
     >>> hw = qkv.HeadWeights.random(embed_dim=12, num_heads=3, kdim=10, vdim=7)
-    >>> hw.w_q.shape, hw.w_k.shape, hw.w_v.shape, hw.w_o.shape
-    (torch.Size([3, 12, 4]), torch.Size([3, 10, 4]), torch.Size([3, 7, 4]), torch.Size([12, 12]))
+    >>> hw.w_q.shape, hw.w_k.shape, hw.w_v.shape
+    (torch.Size([3, 12, 4]), torch.Size([3, 10, 4]), torch.Size([3, 7, 4]))
+    >>> hw.w_o.shape
+    torch.Size([12, 12])
 
     Grouped-query attention, 4 query heads sharing 2 K/V heads:
 
@@ -294,8 +296,10 @@ class HeadWeights:
         >>> import torch, qkv
         >>> hw = qkv.HeadWeights.random(16, 4, num_kv_heads=2)
         >>> full = hw.expand_kv_heads()
-        >>> full.w_k.shape, torch.equal(full.w_k[1], hw.w_k[0]), torch.equal(full.w_k[2], hw.w_k[1])
-        (torch.Size([4, 16, 4]), True, True)
+        >>> full.w_k.shape
+        torch.Size([4, 16, 4])
+        >>> torch.equal(full.w_k[1], hw.w_k[0]), torch.equal(full.w_k[2], hw.w_k[1])
+        (True, True)
         """
         groups = self.num_heads // self.num_kv_heads
 
@@ -462,7 +466,7 @@ def multi_head_attention(
     See Also
     --------
     MultiHeadAttention : the same maths with fused projections.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the paper's form as the first rung, section "The equivalence ladder".
 
     Examples
     --------

@@ -14,7 +14,8 @@ W^O                    ``out_proj.weight``                 (d_model, d_model), t
 
 See also
 --------
-The chapter "One big W^Q or one per head?", section on real libraries (book/heads.ipynb).
+The chapter :doc:`heads`, section "The same weights in three real libraries"
+(book/heads.ipynb).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
     See Also
     --------
     to_torch : the inverse.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : where each head sits in ``in_proj_weight``, section "PyTorch".
 
     Examples
     --------
@@ -126,13 +127,14 @@ def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadA
     See Also
     --------
     from_torch : the inverse.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the same layer rebuilt in PyTorch, section "The equivalence ladder".
 
     Examples
     --------
     >>> import qkv
     >>> mha = qkv.interop.to_torch(qkv.HeadWeights.random(12, 3, kdim=10, vdim=7))
-    >>> mha.in_proj_weight is None, mha.k_proj_weight.shape  # separate weights when kdim != embed_dim
+    >>> # separate weights, since kdim != embed_dim:
+    >>> mha.in_proj_weight is None, mha.k_proj_weight.shape
     (True, torch.Size([12, 10]))
     """
     if not isinstance(weights, HeadWeights):
@@ -194,7 +196,7 @@ def from_bert(module: Any) -> HeadWeights:
 
     See Also
     --------
-    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+    :doc:`terminology` : BERT's attention computed by hand, section "One sentence, step by step".
 
     Examples
     --------
@@ -258,7 +260,7 @@ def from_keras(layer: Any) -> HeadWeights:
 
     See Also
     --------
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`cross_attention` : Keras's layer read and checked, section "Inside the layer: Keras".
 
     Examples
     --------
@@ -266,7 +268,8 @@ def from_keras(layer: Any) -> HeadWeights:
     'torch'
     >>> import keras, qkv
     >>> layer = keras.layers.MultiHeadAttention(num_heads=3, key_dim=4)
-    >>> _ = layer(keras.ops.ones((1, 5, 12)), keras.ops.ones((1, 6, 10)))  # builds the kernels
+    >>> # the first call builds the kernels:
+    >>> _ = layer(keras.ops.ones((1, 5, 12)), keras.ops.ones((1, 6, 10)))
     >>> hw = qkv.interop.from_keras(layer)
     >>> hw.w_q.shape, hw.w_k.shape, hw.w_o.shape
     (torch.Size([3, 12, 4]), torch.Size([3, 10, 4]), torch.Size([12, 12]))
@@ -343,7 +346,9 @@ def from_llama(module: Any) -> HeadWeights:
     >>> import torch, qkv
     >>> from transformers import LlamaConfig
     >>> from transformers.models.llama.modeling_llama import LlamaAttention
-    >>> config = LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2)
+    >>> config = LlamaConfig(
+    ...     hidden_size=16, num_attention_heads=4, num_key_value_heads=2
+    ... )
     >>> config._attn_implementation = "eager"
     >>> llama = LlamaAttention(config, layer_idx=0).eval()
     >>> hw = qkv.interop.from_llama(llama)
@@ -351,7 +356,8 @@ def from_llama(module: Any) -> HeadWeights:
     (4, 2, 4)
     >>> x = torch.randn(2, 5, 16)
     >>> no_rotation = (torch.ones(2, 5, 4), torch.zeros(2, 5, 4))  # cos = 1, sin = 0
-    >>> causal = torch.full((5, 5), float("-inf")).triu(1)[None, None]  # (1, 1, T, T), added
+    >>> # a mask added to the scores, (1, 1, T, T):
+    >>> causal = torch.full((5, 5), float("-inf")).triu(1)[None, None]
     >>> expected, _ = llama(x, position_embeddings=no_rotation, attention_mask=causal)
     >>> output, _ = qkv.MultiHeadAttention.from_heads(hw)(x, is_causal=True)
     >>> torch.allclose(output, expected, atol=1e-6)

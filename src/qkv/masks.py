@@ -6,8 +6,7 @@ converters below make each convention explicit.
 
 See also
 --------
-The chapter "Q, K and V: three letters, three meanings", section on masks
-(book/terminology.ipynb).
+The chapter :doc:`terminology`, section "Masks" (book/terminology.ipynb).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | No
     See Also
     --------
     padding_mask
-    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+    :doc:`terminology` : padding and causal masks, section "Masks".
 
     Examples
     --------
@@ -95,7 +94,7 @@ def padding_mask(
     See Also
     --------
     causal_mask
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`cross_attention` : sources of different lengths, section "Padding in the source".
 
     Examples
     --------
@@ -141,12 +140,13 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
     See Also
     --------
     additive_mask : the other common convention, a float mask added to the scores.
-    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+    :doc:`terminology` : each library's convention, and an inverted mask that fails silently.
 
     Examples
     --------
     >>> import torch, qkv
-    >>> blocked = torch.tensor([[False, True], [False, False]])  # nn.MultiheadAttention's attn_mask
+    >>> # nn.MultiheadAttention's attn_mask, True meaning blocked:
+    >>> blocked = torch.tensor([[False, True], [False, False]])
     >>> qkv.from_torch_mask(blocked)
     tensor([[ True, False],
             [ True,  True]])
@@ -175,7 +175,7 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     See Also
     --------
     from_torch_mask
-    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+    :doc:`terminology` : a mask of 1s and 0s that blocks nothing, and the fix.
 
     Examples
     --------

@@ -2,8 +2,8 @@
 
 See also
 --------
-The chapters "Cross-attention" (book/cross_attention.ipynb) and "Where W^Q,
-W^K and W^V come from" (book/training.ipynb).
+The chapters :doc:`cross_attention` (book/cross_attention.ipynb) and
+:doc:`training` (book/training.ipynb).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class RecallModel(nn.Module):
     See Also
     --------
     qkv.data.AssociativeRecall
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : trained without attention labels, section "No attention labels needed".
     """
 
     def __init__(self, num_keys: int, num_values: int, embed_dim: int = 32, num_heads: int = 1) -> None:
@@ -135,7 +135,7 @@ class PreviousTokenModel(nn.Module):
     See Also
     --------
     qkv.data.PreviousTokenTask
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
+    :doc:`training` : how alike its three learned matrices end up after training.
     """
 
     def __init__(
@@ -213,7 +213,7 @@ class EncoderLayer(nn.Module):
     See Also
     --------
     DecoderLayer
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`cross_attention` : the encoder whose output every decoder layer reads.
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int) -> None:
@@ -270,7 +270,7 @@ class DecoderLayer(nn.Module):
     See Also
     --------
     EncoderLayer, TinyEncoderDecoder
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`cross_attention` : its two attentions, and why only the self-attention is causal.
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int, memory_dim: int) -> None:
@@ -386,13 +386,14 @@ class TinyEncoderDecoder(nn.Module):
     See Also
     --------
     qkv.data.AbacusSpellingTask : a task to train it on.
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`cross_attention` : where its trained cross-attention looks, and what is computed once.
 
     Examples
     --------
     >>> import torch
     >>> from qkv.models import EncoderDecoderConfig, TinyEncoderDecoder
-    >>> model = TinyEncoderDecoder(EncoderDecoderConfig(source_vocab_size=11, target_vocab_size=13))
+    >>> config = EncoderDecoderConfig(source_vocab_size=11, target_vocab_size=13)
+    >>> model = TinyEncoderDecoder(config)
     >>> source, lengths = torch.randint(1, 11, (2, 5)), torch.tensor([5, 3])
     >>> logits = model(source, lengths, torch.randint(1, 13, (2, 7)))
     >>> logits.shape

@@ -18,7 +18,7 @@ supported (use ``torch.compile``, or ``torch.export`` for a deployable graph).
 
 See also
 --------
-The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+The chapter :doc:`heads` (book/heads.ipynb).
 """
 
 from __future__ import annotations
@@ -184,8 +184,10 @@ class _MultiHeadBase(nn.Module):
         >>> mha = mha.to_empty(device="cpu")  # memory, not yet weights
         >>> mha.reset_parameters()
         >>> bound = (6 / (12 + 3 * 12)) ** 0.5  # Xavier over torch's packed (36, 12)
-        >>> mha.q_proj.weight.abs().max().item() <= bound, mha.q_proj.bias.abs().max().item()
-        (True, 0.0)
+        >>> mha.q_proj.weight.abs().max().item() <= bound
+        True
+        >>> mha.q_proj.bias.abs().max().item()
+        0.0
         """
         if self.init == "torch":
             parameter = next(self.parameters())
@@ -680,7 +682,7 @@ class MultiHeadAttention(_MultiHeadBase):
     --------
     PerHeadMultiHeadAttention : the same maths, one projection per head.
     qkv.interop.to_torch : convert to ``torch.nn.MultiheadAttention``.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the fused layer beside the paper's form, section "The equivalence ladder".
 
     Examples
     --------
@@ -917,7 +919,8 @@ class MultiHeadAttention(_MultiHeadBase):
         >>> import torch, qkv
         >>> mha = qkv.MultiHeadAttention(12, 3)
         >>> hw = mha.to_heads()
-        >>> torch.equal(hw.w_q[1], mha.q_proj.weight[4:8].T)  # head 1: rows 4..7, transposed
+        >>> # head 1 is rows 4..7 of q_proj.weight, transposed:
+        >>> torch.equal(hw.w_q[1], mha.q_proj.weight[4:8].T)
         True
         """
         def per_head(linear: nn.Linear, size: int) -> Tensor:
@@ -1036,7 +1039,7 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
     See Also
     --------
     MultiHeadAttention
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the paper's form as a module, section "The equivalence ladder".
 
     Examples
     --------

@@ -5,8 +5,8 @@ it; install it with ``pip install qkv[plot]``.
 
 See also
 --------
-The chapter "Q, K and V: three letters, three meanings", section "How to read
-an attention map" (book/terminology.ipynb).
+The chapter :doc:`terminology`, section "How to read an attention map"
+(book/terminology.ipynb).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def plot_attention(
     See Also
     --------
     plot_heads
-    :doc:`terminology` : the chapter "Q, K and V: three letters, three meanings".
+    :doc:`terminology` : reading a map row by row, section "How to read an attention map".
 
     Examples
     --------
@@ -163,7 +163,7 @@ def plot_heads(
     See Also
     --------
     plot_attention
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : one map per head, section "Each head has its own weights".
 
     Examples
     --------

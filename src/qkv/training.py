@@ -7,8 +7,8 @@ chapter to show.
 
 See also
 --------
-The chapters "Where W^Q, W^K and W^V come from" (book/training.ipynb) and
-"Cross-attention" (book/cross_attention.ipynb).
+The chapters :doc:`training` (book/training.ipynb) and :doc:`cross_attention`
+(book/cross_attention.ipynb).
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def train(
 
     See Also
     --------
-    :doc:`training` : the chapter "Where W^Q, W^K and W^V come from".
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`training` : models trained with it, section "No attention labels needed".
+    :doc:`cross_attention` : a tiny encoder-decoder trained with it.
 
     Examples
     --------

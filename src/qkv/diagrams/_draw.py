@@ -365,7 +365,8 @@ def cells(figure: Figure, name: str) -> Cells:
     Examples
     --------
     >>> import torch, qkv
-    >>> figure = qkv.diagrams.projection(torch.randn(5, 12), qkv.MultiHeadAttention(12, 3))
+    >>> mha = qkv.MultiHeadAttention(12, 3)
+    >>> figure = qkv.diagrams.projection(torch.randn(5, 12), mha)
     >>> grid = qkv.diagrams.cells(figure, "W^Q").colours
     >>> len(grid), len(grid[0])  # (d_model, h·d_k)
     (12, 12)

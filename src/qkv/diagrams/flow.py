@@ -2,8 +2,8 @@
 
 See also
 --------
-The chapters "Q, K and V: three letters, three meanings" (book/terminology.ipynb)
-and "One big W^Q or one per head?" (book/heads.ipynb).
+The chapters :doc:`terminology` (book/terminology.ipynb) and :doc:`heads`
+(book/heads.ipynb).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 See also
 --------
-The chapter "One big W^Q or one per head?" (book/heads.ipynb).
+The chapter :doc:`heads` (book/heads.ipynb).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
     See Also
     --------
     qkv.diagrams.projection : X through W^Q, W^K and W^V at once.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : the per-head and fused methods compared, section "Three methods, one input".
 
     Examples
     --------
@@ -91,8 +91,9 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
     >>> mha = qkv.MultiHeadAttention(12, 3)
     >>> figure = heads_from_one_matrix(torch.randn(5, 12), mha)
     >>> texts = qkv.diagrams.texts_of(figure)
-    >>> [label for label in ("$W^Q$", "$W_3^Q$", "$Q_3$", "(12, 12)", "(12, 4)", "(5, 4)") if label in texts]
-    ['$W^Q$', '$W_3^Q$', '$Q_3$', '(12, 12)', '(12, 4)', '(5, 4)']
+    >>> labels = ["$W^Q$", "$W_3^Q$", "$Q_3$", "(12, 12)", "(12, 4)", "(5, 4)"]
+    >>> [label for label in labels if label not in texts]  # every one is drawn
+    []
     """
     weights = head_weights(layer)
     if not isinstance(projection, str):
@@ -192,16 +193,18 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
     See Also
     --------
     qkv.split_heads : the right split.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : which entries land in which head, section "The reshape, made visible".
 
     Examples
     --------
     >>> import qkv
     >>> from qkv.diagrams.heads import reshape
     >>> figure = reshape(3, 5, 4)
-    >>> [row[0] for row in qkv.diagrams.cells(figure, "right.head1").text]  # head 1: every position
+    >>> # head 1 of the right split holds every position:
+    >>> [row[0] for row in qkv.diagrams.cells(figure, "right.head1").text]
     ['0', '1', '2', '3', '4']
-    >>> [row[0] for row in qkv.diagrams.cells(figure, "wrong.head1").text]  # "head 1": positions 0 and 1
+    >>> # "head 1" of the bare view holds positions 0 and 1:
+    >>> [row[0] for row in qkv.diagrams.cells(figure, "wrong.head1").text]
     ['0', '0', '0', '1', '1']
     """
     h = require_positive_int("num_heads", num_heads)
@@ -326,7 +329,7 @@ def multi_head(layer: object, x: object) -> Figure:
     See Also
     --------
     qkv.merge_heads : the concatenation.
-    :doc:`heads` : the chapter "One big W^Q or one per head?".
+    :doc:`heads` : how the output projection mixes the heads, one row block per head.
 
     Examples
     --------

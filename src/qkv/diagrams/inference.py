@@ -12,7 +12,7 @@ Three pictures of attention at work, each drawn from the objects a chapter uses:
 
 See also
 --------
-The chapter "Cross-attention" (book/cross_attention.ipynb), for K and V made from
+The chapter :doc:`cross_attention` (book/cross_attention.ipynb), for K and V made from
 the encoder's output inside each decoder layer, and computed once per source.
 """
 
@@ -226,7 +226,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     See Also
     --------
     decoding_step, attention_map
-    :doc:`cross_attention` : the chapter "Cross-attention".
+    :doc:`cross_attention` : one layer with two kinds of input, and what is computed once.
 
     Examples
     --------
@@ -234,11 +234,15 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     >>> from qkv.diagrams import texts_of
     >>> from qkv.diagrams.inference import cross_attention
     >>> from qkv.models import EncoderDecoderConfig, TinyEncoderDecoder
-    >>> config = EncoderDecoderConfig(11, 13, encoder_dim=9, decoder_dim=12, num_heads=3, decoder_layers=2)
+    >>> config = EncoderDecoderConfig(
+    ...     11, 13, encoder_dim=9, decoder_dim=12, num_heads=3, decoder_layers=2
+    ... )
     >>> model = TinyEncoderDecoder(config)
-    >>> memory = model.encode(torch.randint(1, 11, (1, 7)), torch.tensor([7]))  # (1, 7, 9)
+    >>> source = torch.randint(1, 11, (1, 7))
+    >>> memory = model.encode(source, torch.tensor([7]))  # (1, 7, 9)
     >>> figure = cross_attention(model, memory, torch.zeros(4, 12))
-    >>> [t for t in ("(7, 9)", "(9, 12)", "(4, 12)", "(7, 12)", "(4, 7)") if t not in texts_of(figure)]
+    >>> shapes = ("(7, 9)", "(9, 12)", "(4, 12)", "(7, 12)", "(4, 7)")
+    >>> [shape for shape in shapes if shape not in texts_of(figure)]  # all drawn
     []
     """
     layers, encoder_depth = _decoder_layers(decoder)
@@ -428,12 +432,14 @@ def decoding_step(layer: object, cache: object) -> Figure:
     >>> from qkv.diagrams.inference import decoding_step
     >>> mha = qkv.MultiHeadAttention(24, 6, num_kv_heads=2)
     >>> cache = mha.new_cache(batch_size=1, max_length=8)
-    >>> _ = mha(torch.randn(1, 5, 24), cache=cache, is_causal=True)  # a prompt of 5 tokens
+    >>> prompt = torch.randn(1, 5, 24)  # 5 tokens
+    >>> _ = mha(prompt, cache=cache, is_causal=True)
     >>> figure = decoding_step(mha, cache)
     >>> keys = cells(figure, "K0").colours  # K/V head 0's keys after the step
     >>> len(keys), len(keys[0])  # (5 cached + 1 new, d_k)
     (6, 4)
-    >>> cells(figure, "q_t").colours[0][2 * 4] == keys[-1][0]  # query head 2 reads K/V head 0
+    >>> # query head 2 (columns 8..11) reads K/V head 0:
+    >>> cells(figure, "q_t").colours[0][2 * 4] == keys[-1][0]
     True
     """
     if not isinstance(layer, MultiHeadAttention):
@@ -758,8 +764,11 @@ def attention_map(
     >>> from qkv.diagrams import cells
     >>> from qkv.diagrams.inference import attention_map
     >>> mha = qkv.MultiHeadAttention(12, 3)
-    >>> _, weights = mha(torch.randn(1, 6, 12), is_causal=True, need_weights=True)  # (1, 3, 6, 6)
-    >>> figure = attention_map(weights, qkv.causal_mask(6), head=1, title="head 1 looks back")
+    >>> x = torch.randn(1, 6, 12)
+    >>> _, weights = mha(x, is_causal=True, need_weights=True)  # (1, 3, 6, 6)
+    >>> figure = attention_map(
+    ...     weights, qkv.causal_mask(6), head=1, title="head 1 looks back"
+    ... )
     >>> sum(map(sum, cells(figure, "map").hatched))  # the 15 cells above the diagonal
     15
     """
