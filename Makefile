@@ -41,7 +41,7 @@ help:
 	@echo "make unit         pytest on tests/ (without the browser check)"
 	@echo "make nbval        re-run every book/*.ipynb and compare with its stored outputs"
 	@echo "make html-strict  build the book from scratch with warnings as errors"
-	@echo "make browser      open every built page in headless Chromium"
+	@echo "make browser      open every built page in headless Chromium (screenshots: _build/screenshots)"
 	@echo "make execute      re-run notebooks in place (NB=book/x.ipynb for one)"
 	@echo "make clean        remove the built book and caches (keeps $(VENV))"
 
@@ -70,7 +70,7 @@ book: $(STAMP)
 PASSED := _build/.passed
 PACKAGE := $(shell find src -name '*.py') pyproject.toml
 TESTS := $(shell find tests -name '*.py')
-BOOK_SOURCES := $(wildcard book/*.md book/*.bib book/_ext/*.py) $(NOTEBOOKS) _config.yml _toc.yml
+BOOK_SOURCES := $(wildcard book/*.md book/*.bib book/_ext/*.py book/_ext/static/*) $(NOTEBOOKS) _config.yml _toc.yml
 
 define passed
 	@mkdir -p $(PASSED) && touch $(PASSED)/$(1)
@@ -108,12 +108,13 @@ $(PASSED)/html-strict: $(STAMP) $(PACKAGE) $(BOOK_SOURCES)
 	$(JB_BUILD) --all --warningiserror --nitpick --keep-going
 	$(call passed,html-strict)
 
-# Brings the site up to date first (incremental: quick after html-strict).
+# Brings the site up to date first (incremental: quick after html-strict). Two
+# Chromiums at once; screenshots of every page go to _build/screenshots.
 browser: $(PASSED)/browser
 	@echo "browser: passed (re-runs when one of its inputs changes)"
 $(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
 	$(JB_BUILD) --quiet
-	$(PY) -m pytest -p no:cacheprovider tests/browser --browser
+	$(PY) -m pytest -p no:cacheprovider tests/browser --browser -n 2
 	$(call passed,browser)
 
 # Runs every stage even when one fails, then fails if any did.

@@ -3,11 +3,37 @@
 ``make browser`` (part of ``make test``) asks for it after building the book. A plain
 ``pytest tests/`` reports these tests as skipped, with the reason, rather than
 silently passing them: they need the built site and Debian's Chromium.
+
+Fixtures: ``base_url`` serves ``_build/html`` on a local port; ``browser`` is headless
+Chromium; ``open_page(relative, width=, mode=, block=, init_script=)`` opens a page of the site in a
+window of that width and colour mode, with every request to another host recorded and
+refused, and, for ``test_broken_on_purpose.py``, named files of the site blocked on purpose.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
 import pytest
+from page_checks import SITE, TIMEOUT_MS
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,3 +56,106 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("browser"):
             item.add_marker(skip)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def base_url() -> Iterator[str]:
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built site at {SITE}: run 'make html-strict' or 'make book' first")
+    handler = functools.partial(_QuietHandler, directory=str(SITE))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class PageProblems:
+    """Everything that went wrong while one page loaded."""
+
+    def __init__(self, block: tuple[str, ...] = ()) -> None:
+        self.console_errors: list[str] = []
+        self.external_requests: list[str] = []
+        self.block = block
+
+    def on_console(self, message) -> None:
+        if message.type == "error":
+            self.console_errors.append(f"console: {message.text}")
+
+    def on_response(self, response) -> None:
+        if response.status >= 400:
+            self.console_errors.append(f"HTTP {response.status}: {response.url}")
+
+    def on_page_error(self, error) -> None:
+        self.console_errors.append(f"uncaught: {error}")
+
+    def on_route(self, route) -> None:
+        url = route.request.url
+        parts = urlsplit(url)
+        if any(parts.path.endswith(name) for name in self.block):
+            route.abort()  # a file of the site left out on purpose (test_broken_on_purpose.py)
+        elif parts.scheme in {"data", "blob", "about"} or parts.hostname in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            # Record and abort, so that a closed network cannot make the test hang.
+            self.external_requests.append(url)
+            route.abort()
+
+
+@pytest.fixture
+def open_page(browser, base_url):
+    """Open a page of the site; return the Playwright page and what went wrong loading it."""
+    contexts = []
+
+    def _open(
+        relative: str,
+        width: int = 1280,
+        mode: str = "light",
+        block: tuple[str, ...] = (),
+        init_script: str | None = None,
+    ):
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        # The theme keeps the reader's colour mode in localStorage.
+        context.add_init_script(f"window.localStorage.setItem('mode', '{mode}');")
+        if init_script:  # runs before the page's own scripts (test_broken_on_purpose.py)
+            context.add_init_script(init_script)
+        contexts.append(context)
+        problems = PageProblems(block)
+        context.route("**/*", problems.on_route)
+        page = context.new_page()
+        page.on("console", problems.on_console)
+        page.on("pageerror", problems.on_page_error)
+        page.on("response", problems.on_response)
+        # The checks wait for what they need (MathJax, images, search results) themselves.
+        page.goto(f"{base_url}/{relative}", wait_until="load", timeout=TIMEOUT_MS)
+        if block and any(name.endswith(".js") for name in block):
+            # The theme's own console message about a blocked script is not the point.
+            problems.console_errors.clear()
+        return page, problems
+
+    yield _open
+    for context in contexts:
+        context.close()

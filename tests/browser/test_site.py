@@ -1,10 +1,20 @@
-"""Open every page of the built book in headless Chromium and check it renders.
+"""Open every page of the built book in headless Chromium, as a reader would, and check it.
 
-Fails on a console error or uncaught exception, on any request to a host other
-than the local server (the site must work offline: MathJax, fonts and scripts are
-all served from ``_static``), on maths that MathJax did not typeset, and on an
-image that did not load. Saves a screenshot of the front page to
-``_build/screenshot-intro.png``.
+On every page, at phone width (390 px) and laptop width (1280 px), in light mode:
+
+* it loads offline: no console error or uncaught exception, no request to another host
+  (MathJax, fonts and scripts are served from ``_static``); its maths is typeset and
+  its images load, each with alt text that says what it shows;
+* no raw Markdown (table syntax, ``$...$``), no path of the machine that built it, no
+  traceback longer than a few lines, no TeX in the tab title;
+* nothing makes the page wider than the window; a display equation wider than its
+  column scrolls and shows it; at 1280 px, code, output and maths fit the column;
+* the sidebar buttons open their panels (phone) or hide the sidebar (laptop);
+* axe-core finds no critical or serious accessibility violation, in light and dark mode
+  (the colours' contrast checked at one width per mode).
+
+Search results show maths as plain text. Screenshots of every page, at both widths and
+in both modes, are saved under ``_build/screenshots`` for a person to look at.
 
 Run with ``make browser`` (it builds the book first). Needs Debian's Chromium at
 ``/usr/bin/chromium``; Playwright's own browser download is not used.
@@ -12,35 +22,39 @@ Run with ``make browser`` (it builds the book first). Needs Debian's Chromium at
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
-from collections.abc import Iterator
-from pathlib import Path
-from urllib.parse import urlsplit
+import re
+import sys
+from urllib.parse import quote
 
 import pytest
+from bs4 import BeautifulSoup
+from page_checks import (
+    DESKTOP,
+    PHONE,
+    ROOT,
+    SITE,
+    TIMEOUT_MS,
+    find_accessibility_violations,
+    find_broken_images,
+    find_clipped_maths,
+    find_dead_sidebar_buttons,
+    find_long_tracebacks,
+    find_machine_paths,
+    find_maths_in_results,
+    find_maths_in_title,
+    find_meaningless_alt,
+    find_raw_markdown,
+    find_wider_than_column,
+    find_wider_than_window,
+    search_results,
+    wait_for_maths,
+)
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[2]
-SITE = ROOT / "_build" / "html"
-SCREENSHOT = ROOT / "_build" / "screenshot-intro.png"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+SCREENSHOTS = ROOT / "_build" / "screenshots"
 # Pages Sphinx generates that are not content: the index and search pages.
 NOT_PAGES = {"genindex.html", "search.html", "index.html"}
-TIMEOUT_MS = 30_000
 
 
 def built_pages() -> list[str]:
@@ -58,204 +72,135 @@ def built_pages() -> list[str]:
     return pages
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
+PAGES = built_pages() or ["book/intro.html"]
 
 
-@pytest.fixture(scope="session")
-def base_url() -> Iterator[str]:
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"no built site at {SITE}: run 'make html-strict' or 'make book' first")
-    handler = functools.partial(_QuietHandler, directory=str(SITE))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+def _soup(relative: str) -> BeautifulSoup:
+    return BeautifulSoup((SITE / relative).read_text(encoding="utf-8"), "html.parser")
 
 
-@pytest.fixture(scope="session")
-def browser():
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-class PageProblems:
-    """Everything that went wrong while one page loaded."""
-
-    def __init__(self) -> None:
-        self.console_errors: list[str] = []
-        self.external_requests: list[str] = []
-
-    def on_console(self, message) -> None:
-        if message.type == "error":
-            self.console_errors.append(f"console: {message.text}")
-
-    def on_page_error(self, error) -> None:
-        self.console_errors.append(f"uncaught: {error}")
-
-    def on_route(self, route) -> None:
-        url = route.request.url
-        parts = urlsplit(url)
-        if parts.scheme in {"data", "blob", "about"} or parts.hostname in LOCAL_HOSTS:
-            route.continue_()
-        else:
-            # Record and abort, so that a closed network cannot make the test hang.
-            self.external_requests.append(url)
-            route.abort()
+def search_terms() -> list[str]:
+    """A word of every heading that has maths in it, to search for: its results show that maths."""
+    terms: list[str] = []
+    for relative in built_pages():
+        article = _soup(relative).find("article")
+        for heading in article.find_all(["h1", "h2", "h3"]) if article else []:
+            if not heading.find(class_="math"):
+                continue
+            for math in heading.find_all(class_="math"):
+                math.decompose()
+            words = re.findall(r"[A-Za-z]{4,}", heading.get_text(" "))
+            if words:
+                term = max(words, key=len).lower()
+                if term not in terms:
+                    terms.append(term)
+    return terms or ["attention"]
 
 
-@pytest.fixture
-def open_page(browser, base_url):
-    """Open a page of the site; return the Playwright page and what went wrong."""
-    contexts = []
-
-    def _open(relative: str):
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        contexts.append(context)
-        problems = PageProblems()
-        context.route("**/*", problems.on_route)
-        page = context.new_page()
-        page.on("console", problems.on_console)
-        page.on("pageerror", problems.on_page_error)
-        page.goto(f"{base_url}/{relative}", wait_until="load", timeout=TIMEOUT_MS)
-        page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
-        return page, problems
-
-    yield _open
-    for context in contexts:
-        context.close()
+def _screenshot(page, relative: str, width: int, mode: str, full_page: bool) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    name = relative.removesuffix(".html").replace("/", "-")
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}-{mode}.png"), full_page=full_page)
 
 
-# Wait for MathJax to typeset, then list the maths elements it did not render.
-UNRENDERED_MATH_JS = """
-async () => {
-    const maths = Array.from(document.querySelectorAll("span.math, div.math"));
-    if (maths.length === 0) { return {count: 0, unrendered: [], hasMathJax: !!window.MathJax}; }
-    const deadline = Date.now() + 20000;
-    while (!(window.MathJax && window.MathJax.startup && window.MathJax.startup.promise)) {
-        if (Date.now() > deadline) { break; }
-        await new Promise((resolve) => setTimeout(resolve, 50));
-    }
-    if (window.MathJax && window.MathJax.startup && window.MathJax.startup.promise) {
-        await window.MathJax.startup.promise;
-    }
-    const unrendered = maths
-        .filter((el) => !el.querySelector("mjx-container") || el.querySelector("mjx-merror"))
-        .map((el) => el.textContent.slice(0, 80));
-    return {count: maths.length, unrendered: unrendered, hasMathJax: !!window.MathJax};
-}
-"""
-
-# Make lazy images load, wait for every image, and list those that failed.
-BROKEN_IMAGES_JS = """
-async () => {
-    const images = Array.from(document.images);
-    images.forEach((img) => { img.loading = "eager"; });
-    await Promise.all(images.map((img) => img.complete ? null : new Promise((resolve) => {
-        img.addEventListener("load", resolve, {once: true});
-        img.addEventListener("error", resolve, {once: true});
-        setTimeout(resolve, 10000);
-    })));
-    return images.filter((img) => !img.complete || img.naturalWidth === 0)
-        .map((img) => img.currentSrc || img.src);
-}
-"""
-
-
-# Every figure in the page's article (not the theme's buttons) needs alt text that says what
-# it shows: at least four words, not a file name or a hash (what myst-nb writes by default).
-MEANINGLESS_ALT_JS = """
-() => Array.from(document.querySelectorAll("article img"))
-    .filter((img) => {
-        const alt = (img.getAttribute("alt") || "").trim();
-        const words = alt.split(/\\s+/).filter((w) => /[A-Za-z]/.test(w));
-        return words.length < 4 || /^[0-9a-f]{16,}/i.test(alt) || /\\.(png|svg|jpe?g|gif)$/i.test(alt);
-    })
-    .map((img) => `${img.getAttribute("src")}: alt=${JSON.stringify(img.getAttribute("alt"))}`)
-"""
-
-
-def meaningless_alt(page) -> list[str]:
-    """The page's figures whose alt text does not say what they show."""
-    return page.evaluate(MEANINGLESS_ALT_JS)
-
-
-def check_page(page, problems: PageProblems) -> None:
-    maths = page.evaluate(UNRENDERED_MATH_JS)
-    broken_images = page.evaluate(BROKEN_IMAGES_JS)
-    no_alt = meaningless_alt(page)
-    page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
-    failures = []
-    if problems.console_errors:
-        failures.append("console errors:\n  " + "\n  ".join(problems.console_errors))
-    if problems.external_requests:
-        failures.append("requests to other hosts:\n  " + "\n  ".join(problems.external_requests))
-    if maths["count"] and not maths["hasMathJax"]:
-        failures.append(f"{maths['count']} maths elements but MathJax did not load")
-    if maths["unrendered"]:
-        failures.append("maths MathJax did not render:\n  " + "\n  ".join(maths["unrendered"]))
-    if broken_images:
-        failures.append("images that did not load:\n  " + "\n  ".join(broken_images))
-    if no_alt:
-        failures.append(
-            "figures without alt text that says what they show (set mystnb.image.alt in the cell's "
-            "metadata):\n  " + "\n  ".join(no_alt)
-        )
-    assert not failures, "\n".join(failures)
-
-
-def test_the_alt_text_check_catches_a_figure_without_it(browser) -> None:
-    """The check itself, on a page broken on purpose: hashed, empty and missing alt text fail."""
-    page = browser.new_page()
-    try:
-        page.set_content(
-            "<article>"
-            '<img src="a.png" alt="3f9c2b7e1d0a4c5b8e6f7a9d2c1b0e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d.png">'
-            '<img src="b.png" alt="">'
-            '<img src="c.png">'
-            '<img src="d.png" alt="An attention map: each row puts its weight on the previous token.">'
-            "</article>"
-        )
-        flagged = meaningless_alt(page)
-    finally:
-        page.close()
-    assert [entry.split(":")[0] for entry in flagged] == ["a.png", "b.png", "c.png"], flagged
+def _fail_on(failures: dict[str, list[str]]) -> None:
+    report = [f"{what}:\n  " + "\n  ".join(found) for what, found in failures.items() if found]
+    assert not report, "\n".join(report)
 
 
 def test_site_has_pages() -> None:
-    pages = built_pages()
-    assert "book/intro.html" in pages, f"the front page is missing from {SITE}: {pages}"
+    assert "book/intro.html" in built_pages(), f"the front page is missing from {SITE}: {built_pages()}"
 
 
-@pytest.mark.parametrize("relative", built_pages() or ["book/intro.html"])
-def test_page_renders_offline(open_page, relative: str) -> None:
-    page, problems = open_page(relative)
-    check_page(page, problems)
+@pytest.mark.parametrize("width", [PHONE, DESKTOP])
+@pytest.mark.parametrize("relative", PAGES)
+def test_page_reads_well(open_page, relative: str, width: int) -> None:
+    page, problems = open_page(relative, width=width)
+    maths = wait_for_maths(page)
+    no_mathjax = [f"{maths['count']} maths elements but no MathJax"] if not maths["hasMathJax"] else []
+    failures = {
+        "console errors": problems.console_errors,
+        "requests to other hosts": problems.external_requests,
+        "maths MathJax did not render": maths["unrendered"] + (no_mathjax if maths["count"] else []),
+        "images that did not load": find_broken_images(page),
+        "figures without alt text that says what they show (mystnb.image.alt in the metadata)": (
+            find_meaningless_alt(page)
+        ),
+        "Markdown shown as text": find_raw_markdown(page),
+        "paths of the build machine": find_machine_paths(page),
+        "tracebacks longer than a few lines (show the type and message)": find_long_tracebacks(page),
+        "TeX in the tab title": find_maths_in_title(page),
+        f"wider than a {width} px window": find_wider_than_window(page),
+        "display maths cut off with no sign that it scrolls": find_clipped_maths(page),
+        "code, output or maths wider than the column at 1280 px": (
+            find_wider_than_column(page) if width == DESKTOP else []
+        ),
+        # The colours' contrast once in light mode (here, at phone width) and once in dark.
+        "critical or serious accessibility violations (light mode)": find_accessibility_violations(
+            page, rules="all" if width == PHONE else "structure"
+        ),
+    }
+    _screenshot(page, relative, width, "light", full_page=True)
+    failures["sidebar buttons"] = find_dead_sidebar_buttons(page)
+    _fail_on(failures)
+
+
+@pytest.mark.parametrize("width", [PHONE, DESKTOP])
+@pytest.mark.parametrize("relative", PAGES)
+def test_page_in_dark_mode(open_page, relative: str, width: int) -> None:
+    page, problems = open_page(relative, width=width, mode="dark")
+    wait_for_maths(page)
+    mode = page.evaluate("document.documentElement.dataset.mode")
+    assert mode == "dark", f"the page did not switch to dark mode (data-mode={mode!r})"
+    _screenshot(page, relative, width, "dark", full_page=False)
+    _fail_on(
+        {
+            "console errors": problems.console_errors,
+            # The structure is the light mode's (checked there); the colours are checked once.
+            "colour contrast (dark mode)": find_accessibility_violations(page, rules="contrast")
+            if width == DESKTOP
+            else [],
+        }
+    )
+
+
+@pytest.mark.parametrize("term", search_terms())
+def test_search_results_show_maths_as_text(open_page, term: str) -> None:
+    """Search for a word of a heading with maths: the results' titles and summaries show no TeX."""
+    page, problems = open_page(f"search.html?q={quote(term)}", width=DESKTOP)
+    results = search_results(page)
+    assert results, f"searching for {term!r} found nothing"
+    _fail_on(
+        {"console errors": problems.console_errors, "TeX in search results": find_maths_in_results(results)}
+    )
+
+
+def test_plain_maths_is_the_same_in_python_and_in_the_browser(open_page) -> None:
+    """The tab titles (Python) and the search results (JavaScript) turn maths into the same text."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        from reader_view import plain_maths
+    finally:
+        sys.path.pop(0)
+    tex = sorted(
+        {element.get_text() for relative in built_pages() for element in _soup(relative).select(".math")}
+    )
+    assert len(tex) > 20, f"expected the book's maths, found {len(tex)} expressions"
+    page, _ = open_page("book/intro.html")
+    in_browser = page.evaluate("(all) => all.map((tex) => window.qkvPlainMaths(tex))", tex)
+    differ = [(t, p, b) for t, p, b in zip(tex, map(plain_maths, tex), in_browser, strict=True) if p != b]
+    assert not differ, "Python and JavaScript disagree:\n" + "\n".join(map(repr, differ[:10]))
+    assert plain_maths(r"\(\sqrt{d_k}\)") == "√dₖ"
+    assert plain_maths(r"\(W^Q\)") == "WQ"
 
 
 def test_front_page(open_page) -> None:
-    """The site root leads to the front page, whose maths renders; screenshot it."""
+    """The site root leads to the front page, whose maths renders, under the book's title alone."""
     page, problems = open_page("index.html")
     page.wait_for_url("**/book/intro.html", timeout=TIMEOUT_MS)
-    page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
-    check_page(page, problems)
+    maths = wait_for_maths(page)
+    assert not problems.console_errors and not maths["unrendered"], (problems.console_errors, maths)
     assert page.locator("h1").first.inner_text().startswith("Queries, Keys and Values")
+    assert page.title() == "Queries, Keys and Values", f"the tab title repeats itself: {page.title()!r}"
     rendered = page.locator("mjx-container").count()
     assert rendered >= 5, f"expected the front page's formulas typeset, found {rendered}"
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=False)
-    assert SCREENSHOT.stat().st_size > 10_000

@@ -1,0 +1,416 @@
+"""What the browser check looks for on a page, one function per kind of problem.
+
+Each ``find_*`` function takes an open Playwright page and returns a list of
+problems, each a short line that says where; an empty list means none. The site
+tests (``test_site.py``) run them on every built page; ``test_broken_on_purpose.py`` proves each
+one fails on a page broken on purpose.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from axe_playwright_python.sync_playwright import Axe
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / "_build" / "html"
+PHONE = 390
+DESKTOP = 1280
+TIMEOUT_MS = 30_000
+
+# --- typeset maths, images, alt text ---------------------------------------------------
+
+# Wait for MathJax to typeset, then list the maths elements it did not render.
+UNRENDERED_MATH_JS = """
+async () => {
+    const maths = Array.from(document.querySelectorAll("span.math, div.math"));
+    if (maths.length === 0) { return {count: 0, unrendered: [], hasMathJax: !!window.MathJax}; }
+    const deadline = Date.now() + 20000;
+    while (!(window.MathJax && window.MathJax.startup && window.MathJax.startup.promise)) {
+        if (Date.now() > deadline) { break; }
+        await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    if (window.MathJax && window.MathJax.startup && window.MathJax.startup.promise) {
+        await window.MathJax.startup.promise;
+    }
+    const unrendered = maths
+        .filter((el) => !el.querySelector("mjx-container") || el.querySelector("mjx-merror"))
+        .map((el) => el.textContent.slice(0, 80));
+    return {count: maths.length, unrendered: unrendered, hasMathJax: !!window.MathJax};
+}
+"""
+
+# Make lazy images load, wait for every image, and list those that failed.
+BROKEN_IMAGES_JS = """
+async () => {
+    const images = Array.from(document.images);
+    images.forEach((img) => { img.loading = "eager"; });
+    await Promise.all(images.map((img) => img.complete ? null : new Promise((resolve) => {
+        img.addEventListener("load", resolve, {once: true});
+        img.addEventListener("error", resolve, {once: true});
+        setTimeout(resolve, 10000);
+    })));
+    return images.filter((img) => !img.complete || img.naturalWidth === 0)
+        .map((img) => img.currentSrc || img.src);
+}
+"""
+
+# Every figure in the page's article (not the theme's buttons) needs alt text that says what
+# it shows: at least four words, not a file name or a hash (what myst-nb writes by default).
+MEANINGLESS_ALT_JS = """
+() => Array.from(document.querySelectorAll("article img"))
+    .filter((img) => {
+        const alt = (img.getAttribute("alt") || "").trim();
+        const words = alt.split(/\\s+/).filter((w) => /[A-Za-z]/.test(w));
+        return words.length < 4 || /^[0-9a-f]{16,}/i.test(alt) || /\\.(png|svg|jpe?g|gif)$/i.test(alt);
+    })
+    .map((img) => `${img.getAttribute("src")}: alt=${JSON.stringify(img.getAttribute("alt"))}`)
+"""
+
+
+def wait_for_maths(page: Any) -> dict[str, Any]:
+    """Wait until MathJax has typeset the page; say what it left untypeset."""
+    return page.evaluate(UNRENDERED_MATH_JS)
+
+
+def find_broken_images(page: Any) -> list[str]:
+    return page.evaluate(BROKEN_IMAGES_JS)
+
+
+def find_meaningless_alt(page: Any) -> list[str]:
+    """The page's figures whose alt text does not say what they show."""
+    return page.evaluate(MEANINGLESS_ALT_JS)
+
+
+# --- text the reader should never see ----------------------------------------------------
+
+# Text nodes of the article that are prose (not code, not typeset maths).
+PROSE_TEXT_JS = """
+() => {
+    const article = document.querySelector("article") || document.body;
+    const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+    const skip = "pre, code, kbd, script, style, textarea, mjx-container, .math, .MathJax";
+    const texts = [];
+    while (walker.nextNode()) {
+        const node = walker.currentNode;
+        if (node.parentElement && !node.parentElement.closest(skip) && node.textContent.trim()) {
+            texts.push(node.textContent);
+        }
+    }
+    return texts;
+}
+"""
+RAW_MARKDOWN_JS = """
+(texts) => {
+    // A Markdown table's delimiter row (smartquotes may have turned --- into an em dash),
+    // or a row of cells; and $...$ maths that nothing typeset.
+    const table = /\\|\\s*:?(-{3,}|—|–)+:?\\s*\\|/;
+    const row = /(^|\\n)\\s*\\|[^\\n|]+\\|[^\\n]*\\|\\s*($|\\n)/;
+    const dollars = /\\$[^$\\s][^$]*\\$/;
+    return texts.filter((t) => table.test(t) || row.test(t) || dollars.test(t))
+        .map((t) => JSON.stringify(t.trim().slice(0, 100)));
+}
+"""
+
+
+def find_raw_markdown(page: Any) -> list[str]:
+    """Markdown table syntax or ``$...$`` shown as text instead of a table or maths."""
+    texts = page.evaluate(PROSE_TEXT_JS)
+    return page.evaluate(RAW_MARKDOWN_JS, texts)
+
+
+# A local path, as nbval's sanitiser recognises them (book/nbval_sanitize.cfg).
+MACHINE_PATHS_JS = """
+() => {
+    const article = document.querySelector("article") || document.body;
+    const roots = "home|root|tmp|usr|opt|work|var|private|Users|content|srv|mnt|builds|github|runner";
+    const path = new RegExp(
+        String.raw`(?<![\\w.~])(\\/(${roots})\\/|[A-Za-z]:\\\\|site-packages)[^\\s'"<>)\\]]*`, "g");
+    return (article.textContent.match(path) || []).slice(0, 10);
+}
+"""
+
+
+def find_machine_paths(page: Any) -> list[str]:
+    """Paths of the machine that built the book (a traceback's file names, a warning's)."""
+    return page.evaluate(MACHINE_PATHS_JS)
+
+
+# A traceback: from "Traceback (most recent call last)" (Python's and IPython's header) to
+# the error line; more than MAX_TRACEBACK_LINES lines is a stack the reader does not need.
+MAX_TRACEBACK_LINES = 5
+LONG_TRACEBACKS_JS = """
+(maxLines) => {
+    const article = document.querySelector("article") || document.body;
+    const found = [];
+    for (const pre of article.querySelectorAll("pre")) {
+        const lines = pre.textContent.split("\\n");
+        for (let i = 0; i < lines.length; i++) {
+            if (!/Traceback \\(most recent call last\\)/.test(lines[i])) { continue; }
+            let end = i + 1;
+            const error = /^[A-Za-z_][\\w.]*(Error|Exception|Warning|Interrupt|Exit)\\b/;
+            while (end < lines.length && !error.test(lines[end])) {
+                end++;
+            }
+            const length = Math.min(end, lines.length - 1) - i + 1;
+            if (length > maxLines) {
+                found.push(`${length} lines: ${lines[Math.min(end, lines.length - 1)].slice(0, 80)}`);
+            }
+        }
+    }
+    return found;
+}
+"""
+
+
+def find_long_tracebacks(page: Any) -> list[str]:
+    """Tracebacks longer than a few lines: an error demonstration shows type and message."""
+    return page.evaluate(LONG_TRACEBACKS_JS, MAX_TRACEBACK_LINES)
+
+
+# TeX where text is expected: delimiters, commands, scripts.
+TEX_IN_TEXT = r"\\[()\[\]]|\\[A-Za-z]+|\$|\^|_\{"
+
+
+def find_maths_in_title(page: Any) -> list[str]:
+    """The tab title (``<title>``) must be plain text: ``WQ``, not ``\\(W^Q\\)``."""
+    title = page.title()
+    found = page.evaluate("([title, tex]) => new RegExp(tex).test(title)", [title, TEX_IN_TEXT])
+    return [f"<title>: {title!r}"] if found else []
+
+
+# --- layout --------------------------------------------------------------------------
+
+# When the page is wider than the window, the elements that stick out (not inside a
+# region that scrolls or clips, and not a sidebar parked off-screen).
+WIDER_THAN_WINDOW_JS = """
+() => {
+    const width = window.innerWidth;
+    const pageWidth = document.documentElement.scrollWidth;
+    if (pageWidth <= width + 1) { return []; }
+    const culprits = [];
+    for (const el of document.querySelectorAll("body *")) {
+        const box = el.getBoundingClientRect();
+        if (box.width === 0 || box.right <= width + 1) { continue; }
+        let contained = false;
+        for (let p = el.parentElement; p; p = p.parentElement) {
+            const style = getComputedStyle(p);
+            if (style.overflowX !== "visible" || style.position === "fixed") { contained = true; break; }
+        }
+        if (contained || getComputedStyle(el).position === "fixed") { continue; }
+        const text = (el.textContent || "").trim().replace(/\\s+/g, " ").slice(0, 60);
+        const tag = `<${el.tagName.toLowerCase()} class="${el.className}">`;
+        culprits.push(`${tag} ends at ${Math.round(box.right)} px: ${text}`);
+    }
+    return [`the page is ${pageWidth} px wide in a ${width} px window`].concat(culprits.slice(-5));
+}
+"""
+
+
+def find_wider_than_window(page: Any) -> list[str]:
+    """Anything that makes the page wider than the window (sideways scrolling of the page)."""
+    return page.evaluate(WIDER_THAN_WINDOW_JS)
+
+
+# Display maths wider than its column must scroll and show that it does (a faded edge:
+# phones hide scroll bars). Scrolled to its end, the fade moves to the other side.
+CLIPPED_MATHS_JS = """
+() => Array.from(document.querySelectorAll("mjx-container[display='true']"))
+    .filter((box) => box.scrollWidth > box.clientWidth + 1)
+    .filter((box) => {
+        const style = getComputedStyle(box);
+        const scrolls = style.overflowX === "auto" || style.overflowX === "scroll";
+        const mask = style.maskImage || style.webkitMaskImage || "none";
+        return !scrolls || mask === "none";
+    })
+    .map((box) => `${box.scrollWidth} px of maths in ${box.clientWidth} px, no scroll affordance: ` +
+        (box.closest(".math") || box).textContent.trim().slice(0, 60))
+"""
+
+
+def find_clipped_maths(page: Any) -> list[str]:
+    """Display equations cut off at the column's edge, with nothing to say there is more."""
+    return page.evaluate(CLIPPED_MATHS_JS)
+
+
+# On a laptop, code, printed output and display maths fit the column (88 characters).
+WIDER_THAN_COLUMN_JS = """
+() => {
+    const article = document.querySelector("article") || document.body;
+    return Array.from(article.querySelectorAll("pre, mjx-container[display='true']"))
+        .filter((el) => el.scrollWidth > el.clientWidth + 1)
+        .map((el) => {
+            const line = el.textContent.split("\\n").reduce((a, b) => (b.length > a.length ? b : a), "");
+            const size = `${el.scrollWidth} px in ${el.clientWidth} px`;
+            return `<${el.tagName.toLowerCase()}> ${size}: ${line.trim().slice(0, 70)}`;
+        });
+}
+"""
+
+
+def find_wider_than_column(page: Any) -> list[str]:
+    """Blocks of code, output or maths that need sideways scrolling (checked at 1280 px)."""
+    return page.evaluate(WIDER_THAN_COLUMN_JS)
+
+
+# --- the sidebar buttons -------------------------------------------------------------------
+
+VISIBLE_BUTTON_JS = """
+(selector) => {
+    const visible = Array.from(document.querySelectorAll(selector)).filter((el) => {
+        const box = el.getBoundingClientRect();
+        return box.width > 0 && box.height > 0 && getComputedStyle(el).visibility !== "hidden";
+    });
+    visible.forEach((el, i) => el.setAttribute("data-check-visible", String(i)));
+    return visible.length;
+}
+"""
+
+MODAL_SHOWS_LINKS_JS = """
+(id) => {
+    const dialog = document.getElementById(id);
+    if (!dialog || !dialog.open) { return 0; }
+    return Array.from(dialog.querySelectorAll("a[href]")).filter((a) => {
+        const box = a.getBoundingClientRect();
+        return box.width > 0 && box.height > 0 && box.top < window.innerHeight;
+    }).length;
+}
+"""
+
+
+def _click_visible(page: Any, selector: str) -> bool:
+    if page.evaluate(VISIBLE_BUTTON_JS, selector) == 0:
+        return False
+    page.locator(f"{selector}[data-check-visible='0']").click(timeout=5_000)
+    page.wait_for_timeout(300)
+    return True
+
+
+def find_dead_sidebar_buttons(page: Any) -> list[str]:
+    """Click the sidebar buttons a reader sees; each must open (phone) or hide (laptop) its sidebar.
+
+    At phone width, the navigation button opens a panel with the chapters' links, and the
+    "on this page" button (on pages that have sections) opens one with the page's
+    sections. At laptop width the navigation button hides the sidebar and shows it again.
+    """
+    problems = []
+    width = page.viewport_size["width"]
+    if width < 992:
+        for selector, dialog, name in [
+            (".primary-toggle", "pst-primary-sidebar-modal", "navigation"),
+            (".secondary-toggle", "pst-secondary-sidebar-modal", "on this page"),
+        ]:
+            if not _click_visible(page, selector):
+                if selector == ".primary-toggle":
+                    problems.append(f"no visible {name} button ({selector}) at {width} px")
+                continue
+            links = page.evaluate(MODAL_SHOWS_LINKS_JS, dialog)
+            if links == 0:
+                problems.append(f"the {name} button ({selector}) opens no panel with links at {width} px")
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(200)
+    else:
+        sidebar = page.locator("#pst-primary-sidebar")
+        shown_before = sidebar.bounding_box()
+        if not _click_visible(page, ".primary-toggle"):
+            return [f"no visible navigation button at {width} px"]
+        hidden = sidebar.bounding_box()
+        if shown_before is None or (hidden is not None and hidden["width"] > 0 and hidden["x"] >= 0):
+            problems.append(f"the navigation button does not hide the sidebar at {width} px")
+        else:
+            page.locator(".primary-toggle[data-check-visible='0']").click(timeout=5_000)
+            page.wait_for_timeout(300)
+            shown_again = sidebar.bounding_box()
+            if shown_again is None or shown_again["width"] == 0:
+                problems.append(f"the navigation button does not show the sidebar again at {width} px")
+    return problems
+
+
+# --- search results ----------------------------------------------------------------------
+
+SEARCH_RESULTS_JS = """
+async () => {
+    const deadline = Date.now() + 20000;
+    const results = () => document.querySelector("#search-results");
+    while (Date.now() < deadline) {
+        const box = results();
+        const status = box && box.querySelector(".search-summary");
+        if (status && /\\d/.test(status.textContent)) {  // "Search finished, found 5 page(s)..."
+            // Summaries arrive one by one (each page is fetched); an API entry has a
+            // description instead, and no summary.
+            const items = Array.from(box.querySelectorAll("li"));
+            if (items.every((li) => li.querySelector("p.context, span"))) { break; }
+        }
+        await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    const box = results();
+    return box ? Array.from(box.querySelectorAll("li")).map((li) => ({
+        title: (li.querySelector("a") || li).textContent,
+        summary: (li.querySelector("p.context") || {textContent: ""}).textContent,
+    })) : [];
+}
+"""
+
+
+def search_results(page: Any) -> list[dict[str, str]]:
+    """The results on an open search page, once every summary has arrived."""
+    return page.evaluate(SEARCH_RESULTS_JS)
+
+
+def find_maths_in_results(results: list[dict[str, str]]) -> list[str]:
+    """TeX in search results: titles must be plain text, summaries free of TeX markup."""
+    tex = re.compile(TEX_IN_TEXT)
+    summary_tex = re.compile(r"\\[()\[\]]|\\[A-Za-z]+")
+    problems = []
+    for result in results:
+        if tex.search(result["title"]):
+            problems.append(f"result title: {result['title']!r}")
+        match = summary_tex.search(result["summary"])
+        if match:
+            start = max(match.start() - 30, 0)
+            problems.append(f"summary of {result['title']!r}: ...{result['summary'][start : start + 80]!r}")
+    return problems
+
+
+# --- accessibility -------------------------------------------------------------------------
+
+# axe-core's WCAG 2.x A and AA rules, its best practices and its experimental rules (one
+# of which compares buttons' accessible names with their visible text). No preload: axe
+# would fetch the stylesheets again itself, resolving theme.css's ``@import "../basic.css"``
+# against the page rather than the stylesheet (a 404 that no reader's browser makes).
+AXE_OPTIONS = {
+    "preload": False,
+    "runOnly": {
+        "type": "tag",
+        "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice", "experimental"],
+    },
+}
+
+
+def find_accessibility_violations(page: Any, rules: str = "all") -> list[str]:
+    """axe-core's critical and serious violations (axe-core ships inside axe-playwright-python).
+
+    ``rules``: ``"all"``; ``"structure"``, all but colour contrast (two thirds of axe's
+    time on a long page); or ``"contrast"``, colour contrast alone. The site tests run
+    the structure once per width and the contrast once per colour mode: the structure
+    does not change with the colours, nor the colours with the width.
+    """
+    options: dict[str, Any] = {**AXE_OPTIONS, "resultTypes": ["violations"]}
+    if rules == "structure":
+        options["rules"] = {"color-contrast": {"enabled": False}}
+    elif rules == "contrast":
+        options["runOnly"] = {"type": "rule", "values": ["color-contrast"]}
+    elif rules != "all":
+        raise ValueError(f"rules must be 'all', 'structure' or 'contrast', got {rules!r}")
+    results = Axe().run(page, options=options)
+    problems = []
+    for violation in results.response["violations"]:
+        if violation["impact"] in {"critical", "serious"}:
+            nodes = "; ".join(node["html"][:100] for node in violation["nodes"][:3])
+            problems.append(
+                f"{violation['id']} ({violation['impact']}, {len(violation['nodes'])} elements): "
+                f"{violation['help']}: {nodes}"
+            )
+    return problems
