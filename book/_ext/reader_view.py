@@ -39,7 +39,7 @@ from pybtex.style.labels import BaseLabelStyle
 
 STATIC = Path(__file__).parent / "static"
 
-# Maths in plain text. Only what the book's titles and prose use; anything else keeps
+# Maths in plain text: the commands the book uses; anything else keeps
 # its letters and loses its backslash (``\foo`` -> ``foo``). reader-view.js has the
 # same rules for search results; tests/browser checks that the two agree.
 SYMBOLS = {
@@ -49,6 +49,7 @@ SYMBOLS = {
     "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "lambda": "λ",
     "mu": "μ", "sigma": "σ", "theta": "θ", "pi": "π", "odot": "⊙", "otimes": "⊗",
     "partial": "∂", "nabla": "∇", "quad": " ", "qquad": " ", "left": "", "right": "",
+    "lVert": "‖", "rVert": "‖", "Vert": "‖", "lfloor": "⌊", "rfloor": "⌋", "mapsto": "↦",
 }  # fmt: skip
 BLACKBOARD = {"R": "ℝ", "N": "ℕ", "Z": "ℤ"}
 SUBSCRIPTS = dict(zip("0123456789aehijklmnoprstuvx+-=()", "₀₁₂₃₄₅₆₇₈₉ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓ₊₋₌₍₎", strict=True))
@@ -60,7 +61,7 @@ GROUP = r"\{([^{}]*)\}"
 FONT_SCRIPT = re.compile(r"([_^])\\(?:text|mathrm|operatorname|mathbf|mathit|boldsymbol|mathsf|mathtt)\{")
 FONT = re.compile(r"\\(?:text|mathrm|operatorname|mathbf|mathit|boldsymbol|mathsf|mathtt)" + GROUP)
 SQRT = re.compile(r"\\sqrt" + GROUP)
-FRAC = re.compile(r"\\frac" + GROUP + GROUP)
+FRAC = re.compile(r"\\[dt]?frac" + GROUP + GROUP)
 MATHBB = re.compile(r"\\mathbb" + GROUP)
 SCRIPT = re.compile(r"([_^])(?:" + GROUP + r"|(\\[A-Za-z]+|[A-Za-z0-9]))")
 COMMAND = re.compile(r"\\([A-Za-z]+)")

@@ -214,10 +214,10 @@ def find_wider_than_window(page: Any) -> list[str]:
     return page.evaluate(WIDER_THAN_WINDOW_JS)
 
 
-# Display maths wider than its column must scroll and show that it does (a faded edge:
-# phones hide scroll bars). Scrolled to its end, the fade moves to the other side.
+# Maths (display, or inline in a span) wider than its column must scroll and show that it
+# does (a faded edge: phones hide scroll bars). Scrolled to its end, the fade moves to the other side.
 CLIPPED_MATHS_JS = """
-() => Array.from(document.querySelectorAll("mjx-container[display='true']"))
+() => Array.from(document.querySelectorAll("mjx-container[display='true'], span.math"))
     .filter((box) => box.scrollWidth > box.clientWidth + 1)
     .filter((box) => {
         const style = getComputedStyle(box);
@@ -323,7 +323,7 @@ def find_dead_sidebar_buttons(page: Any) -> list[str]:
             page.locator(".primary-toggle[data-check-visible='0']").click(timeout=5_000)
             page.wait_for_timeout(300)
             shown_again = sidebar.bounding_box()
-            if shown_again is None or shown_again["width"] == 0:
+            if shown_again is None or shown_again["width"] == 0 or shown_again["x"] < 0:
                 problems.append(f"the navigation button does not show the sidebar again at {width} px")
     return problems
 
@@ -341,7 +341,8 @@ async () => {
             // Summaries arrive one by one (each page is fetched); an API entry has a
             // description instead, and no summary.
             const items = Array.from(box.querySelectorAll("li"));
-            if (items.every((li) => li.querySelector("p.context, span"))) { break; }
+            const done = ":scope > p.context, :scope > span:not(.math)";
+            if (items.every((li) => li.querySelector(done))) { break; }
         }
         await new Promise((resolve) => setTimeout(resolve, 100));
     }

@@ -20,7 +20,8 @@
     ne: "≠", neq: "≠", approx: "≈", sum: "Σ", infty: "∞", alpha: "α", beta: "β",
     gamma: "γ", delta: "δ", epsilon: "ε", lambda: "λ", mu: "μ", sigma: "σ", theta: "θ",
     pi: "π", odot: "⊙", otimes: "⊗", partial: "∂", nabla: "∇", quad: " ", qquad: " ",
-    left: "", right: "",
+    left: "", right: "", lVert: "‖", rVert: "‖", Vert: "‖", lfloor: "⌊", rfloor: "⌋",
+    mapsto: "↦",
   };
   const BLACKBOARD = { R: "ℝ", N: "ℕ", Z: "ℤ" };
   const table = (from, to) => Object.fromEntries([...from].map((c, i) => [c, [...to][i]]));
@@ -31,10 +32,10 @@
   const FONT_SCRIPT = new RegExp(String.raw`([_^])\\(?:text|mathrm|operatorname|mathbf|mathit|boldsymbol|mathsf|mathtt)\{`, "g");
   const FONT = new RegExp(String.raw`\\(?:text|mathrm|operatorname|mathbf|mathit|boldsymbol|mathsf|mathtt)` + GROUP, "g");
   const SQRT = new RegExp(String.raw`\\sqrt` + GROUP, "g");
-  const FRAC = new RegExp(String.raw`\\frac` + GROUP + GROUP, "g");
+  const FRAC = new RegExp(String.raw`\\[dt]?frac` + GROUP + GROUP, "g");
   const MATHBB = new RegExp(String.raw`\\mathbb` + GROUP, "g");
   const SCRIPT = new RegExp(String.raw`([_^])(?:` + GROUP + String.raw`|(\\[A-Za-z]+|[A-Za-z0-9]))`, "g");
-  const commands = (text) => text.replace(/\\([A-Za-z]+)/g, (m, name) => (name in SYMBOLS ? SYMBOLS[name] : name));
+  const commands = (text) => text.replace(/\\([A-Za-z]+)/g, (m, name) => (Object.hasOwn(SYMBOLS, name) ? SYMBOLS[name] : name));
   const script = (m, kind, group, single) => {
     const text = commands(group !== undefined ? group : single);
     const map = kind === "_" ? SUBSCRIPTS : SUPERSCRIPTS;
@@ -62,7 +63,7 @@
 
   // Text with its \( ... \) and \[ ... \] spans made plain, the rest untouched.
   const plainMathsIn = (text) =>
-    text.replace(/\\\((.*?)\\\)|\\\[([\s\S]*?)\\\]/g, (m) => plainMaths(m));
+    text.replace(/\\\(([\s\S]*?)\\\)|\\\[([\s\S]*?)\\\]/g, (m) => plainMaths(m));
 
   // Sphinx's searchtools.js declares `const Search` (a global binding, not window.Search).
   const patchSearch = () => {
@@ -118,7 +119,7 @@
   };
 
   // --- 2. regions wider than the screen ---
-  const SCROLLERS = "mjx-container[display='true'], div.highlight pre, div.output pre, " +
+  const SCROLLERS = "mjx-container[display='true'], span.math, div.highlight pre, div.output pre, " +
     ".pst-scrollable-table-container";
   const markScrollState = (el) => {
     el.classList.toggle("qkv-more-left", el.scrollLeft > 1);
