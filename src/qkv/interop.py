@@ -41,6 +41,26 @@ def _cut_bias(bias: Tensor | None, num_heads: int) -> Tensor | None:
     return None if bias is None else bias.detach().view(num_heads, -1).clone()  # (h, d)
 
 
+def _from_linears(
+    query: Any, key: Any, value: Any, output: Any, num_heads: int, num_kv_heads: int, bias: bool
+) -> HeadWeights:
+    """Per-head weights from four ``nn.Linear`` projections (BERT's and Llama's layout).
+
+    The query rows are cut into ``num_heads`` heads, the key and value rows into
+    ``num_kv_heads``; the output weight is transposed whole. ``bias``: read the biases.
+    """
+    return HeadWeights(
+        w_q=_cut_rows(query.weight, num_heads),  # (h, in, d_k)
+        w_k=_cut_rows(key.weight, num_kv_heads),  # (h_kv, in, d_k)
+        w_v=_cut_rows(value.weight, num_kv_heads),  # (h_kv, in, d_v)
+        w_o=output.weight.detach().T.clone(),  # (h·d_v, out)
+        b_q=_cut_bias(query.bias, num_heads) if bias else None,
+        b_k=_cut_bias(key.bias, num_kv_heads) if bias else None,
+        b_v=_cut_bias(value.bias, num_kv_heads) if bias else None,
+        b_o=output.bias.detach().clone() if bias else None,
+    )
+
+
 def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
     """Read a ``torch.nn.MultiheadAttention``'s weights as per-head weights.
 
@@ -226,16 +246,7 @@ def from_bert(module: Any) -> HeadWeights:
         )
     h = int(inner.num_attention_heads)
     bias = inner.query.bias is not None
-    return HeadWeights(
-        w_q=_cut_rows(inner.query.weight, h),  # (h, hidden, d_k)
-        w_k=_cut_rows(inner.key.weight, h),  # (h, hidden, d_k)
-        w_v=_cut_rows(inner.value.weight, h),  # (h, hidden, d_v)
-        w_o=output.dense.weight.detach().T.clone(),  # (h·d_v, hidden)
-        b_q=_cut_bias(inner.query.bias, h) if bias else None,
-        b_k=_cut_bias(inner.key.bias, h) if bias else None,
-        b_v=_cut_bias(inner.value.bias, h) if bias else None,
-        b_o=output.dense.bias.detach().clone() if bias else None,
-    )
+    return _from_linears(inner.query, inner.key, inner.value, output.dense, h, h, bias)
 
 
 def from_keras(layer: Any) -> HeadWeights:
@@ -386,13 +397,4 @@ def from_llama(module: Any) -> HeadWeights:
             f"only {', '.join(present)} of the four projections have a bias; HeadWeights holds all or none"
         )
     bias = all(with_bias)
-    return HeadWeights(
-        w_q=_cut_rows(module.q_proj.weight, h),  # (h, hidden, head_dim)
-        w_k=_cut_rows(module.k_proj.weight, h_kv),  # (h_kv, hidden, head_dim)
-        w_v=_cut_rows(module.v_proj.weight, h_kv),  # (h_kv, hidden, head_dim)
-        w_o=module.o_proj.weight.detach().T.clone(),  # (h·head_dim, hidden)
-        b_q=_cut_bias(module.q_proj.bias, h) if bias else None,
-        b_k=_cut_bias(module.k_proj.bias, h_kv) if bias else None,
-        b_v=_cut_bias(module.v_proj.bias, h_kv) if bias else None,
-        b_o=module.o_proj.bias.detach().clone() if bias else None,
-    )
+    return _from_linears(module.q_proj, module.k_proj, module.v_proj, module.o_proj, h, h_kv, bias)
