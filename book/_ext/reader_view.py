@@ -10,11 +10,13 @@ On the Python side (this file):
   title's maths, ``\\(W^Q\\)`` in the HTML, becomes ``WQ``, and ``\\(\\sqrt{d_k}\\)``
   becomes ``√dₖ`` (:func:`plain_maths`). The front page's tab shows the book's title
   once, not "Queries, Keys and Values — Queries, Keys and Values".
-* A ``{doc}`` link whose text is a chapter's title shows that title's maths typeset,
-  as the sidebar does, rather than ``W^Q`` with a caret (Sphinx writes a title's
-  plain text into such links).
-* The header's search field is not repeated on wide screens (pydata-sphinx-theme
-  adds one to the top bar unless ``navbar_persistent`` is set; the sidebar has one).
+* A ``{doc}`` or ``{ref}`` link whose text is a title (a chapter's or a section's) shows
+  that title's maths typeset, as the sidebar does, rather than ``W^Q`` with a caret
+  (Sphinx writes a title's plain text into such links). The print-only page heading,
+  which search summaries read, is plain text like the tab's.
+* No top bar: pydata-sphinx-theme renders one for a search field (a second one; the
+  sidebar has its own) unless ``navbar_persistent`` is set, and that bar's hidden
+  sidebar toggles, first in the page, took the click handlers the visible buttons need.
 * The bibliography labels its entries as the text cites them, "Vaswani et al., 2017",
   not [1]-[9] (the ``qkv_author_year`` style, set as ``bibtex_default_style``).
 * ``static/reader-view.css`` and ``static/reader-view.js`` are added to every page.
@@ -26,7 +28,7 @@ scrolled and say so, and a few buttons get accessible names that match their tex
 
 from __future__ import annotations
 
-import copy
+import html
 import re
 from pathlib import Path
 from typing import Any
@@ -117,7 +119,7 @@ def plain_maths(tex: str) -> str:
 def plain_title(node: nodes.Element) -> str:
     """A title node's text with its maths in plain text."""
     parts = []
-    for child in node.traverse(nodes.Text):
+    for child in node.findall(nodes.Text):
         parent = child.parent
         parts.append(plain_maths(child.astext()) if isinstance(parent, nodes.math) else child.astext())
     return re.sub(r"\s+", " ", "".join(parts)).strip()
@@ -125,7 +127,9 @@ def plain_title(node: nodes.Element) -> str:
 
 def _theme_defaults(app: Any, config: Any) -> None:
     options = config.html_theme_options
-    # One search field, in the sidebar: pydata-sphinx-theme would add a second to the top bar.
+    # No top bar: pydata-sphinx-theme would render one for a second search field, and its
+    # hidden sidebar toggles, first in the page, would take the click handlers that the
+    # visible buttons need. The sidebar keeps its own search field.
     options.setdefault("navbar_persistent", [])
     # The sidebar shows the book's title from here, so that the front page can leave it
     # out of its tab title (pydata-sphinx-theme shows ``docstitle`` otherwise).
@@ -136,23 +140,57 @@ def _theme_defaults(app: Any, config: Any) -> None:
 def _page_title(app: Any, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
     env = app.builder.env
     if pagename in env.titles:
-        context["title"] = plain_title(env.titles[pagename])
+        # Both are HTML to the templates: the tab's title, and sphinx-book-theme's print-only
+        # <h1> (``pagetitle``, which search summaries also read).
+        plain = html.escape(plain_title(env.titles[pagename]))
+        context["title"] = plain
+        if "pagetitle" in context:
+            context["pagetitle"] = plain
     if pagename in {app.config.root_doc, app.config.master_doc}:
         # The front page's title is the book's title: say it once in the tab.
         context["docstitle"] = ""
 
 
+def _maths_titles(env: Any) -> dict[str, dict[str, nodes.title]]:
+    """Per document, its titles (page and sections) that contain maths, by their text."""
+    if not hasattr(env, "qkv_maths_titles"):
+        env.qkv_maths_titles = {}
+    return env.qkv_maths_titles  # type: ignore[no-any-return]
+
+
+def _collect_maths_titles(app: Any, doctree: nodes.document) -> None:
+    _maths_titles(app.env)[app.env.docname] = {
+        title.astext(): title.deepcopy()
+        for title in doctree.findall(nodes.title)
+        if any(title.findall(nodes.math))
+    }
+
+
+def _forget_maths_titles(app: Any, env: Any, docname: str) -> None:
+    _maths_titles(env).pop(docname, None)
+
+
+def _merge_maths_titles(app: Any, env: Any, docnames: Any, other: Any) -> None:
+    for docname in docnames:
+        if docname in _maths_titles(other):
+            _maths_titles(env)[docname] = _maths_titles(other)[docname]
+
+
 def _typeset_title_links(app: Any, doctree: nodes.document, docname: str) -> None:
-    """``{doc}`` links that show a chapter's title show its maths typeset, not ``W^Q``."""
-    env = app.builder.env
-    with_maths = {title.astext(): title for title in env.titles.values() if any(title.traverse(nodes.math))}
-    for inline in list(doctree.traverse(nodes.inline)):
-        if "doc" not in inline.get("classes", []) or not isinstance(inline.parent, nodes.reference):
+    """A link whose text is a title with maths shows that maths typeset, not ``W^Q``.
+
+    Sphinx writes a title's plain text (``W^Q``) into ``{doc}`` and ``{ref}`` links that
+    have no text of their own; these get the title's own nodes instead, as the sidebar has.
+    """
+    with_maths = {text: title for titles in _maths_titles(app.env).values() for text, title in titles.items()}
+    for inline in list(doctree.findall(nodes.inline)):
+        classes = inline.get("classes", [])
+        if not ("doc" in classes or "std-ref" in classes) or not isinstance(inline.parent, nodes.reference):
             continue
         title = with_maths.get(inline.astext())
         if title is not None:
             inline.children = []
-            inline.extend(copy.deepcopy(child) for child in title.children)
+            inline.extend(child.deepcopy() for child in title.children)
 
 
 class AuthorYearLabels(BaseLabelStyle):  # type: ignore[misc]
@@ -178,10 +216,14 @@ class AuthorYearStyle(PlainStyle):  # type: ignore[misc]
 def setup(app: Any) -> dict[str, Any]:
     register_plugin("pybtex.style.formatting", "qkv_author_year", AuthorYearStyle)
     app.connect("config-inited", _theme_defaults)
-    app.connect("html-page-context", _page_title)
+    # After sphinx-book-theme's own handler, which sets ``pagetitle``.
+    app.connect("html-page-context", _page_title, priority=900)
+    app.connect("doctree-read", _collect_maths_titles)
+    app.connect("env-purge-doc", _forget_maths_titles)
+    app.connect("env-merge-info", _merge_maths_titles)
     app.connect("doctree-resolved", _typeset_title_links)
     app.add_css_file("reader-view.css")
-    # Deferred, so that it runs after the page is parsed and, on the search page, after
-    # searchtools.js and before the deferred search index.
+    # Deferred: it runs once the page is parsed, after searchtools.js and the search index
+    # on the search page (it converts the index already loaded, and any loaded later).
     app.add_js_file("reader-view.js", loading_method="defer")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

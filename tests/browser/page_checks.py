@@ -174,6 +174,24 @@ def find_long_tracebacks(page: Any) -> list[str]:
 TEX_IN_TEXT = r"\\[()\[\]]|\\[A-Za-z]+|\$|\^|_\{"
 
 
+# A link's own text (not its typeset maths or code) with TeX in it: a title's maths
+# written out, as Sphinx does for {doc} and {ref} links.
+TEX_IN_LINKS_JS = """
+(tex) => Array.from((document.querySelector("article") || document.body).querySelectorAll("a"))
+    .map((a) => {
+        const copy = a.cloneNode(true);
+        copy.querySelectorAll(".math, mjx-container, code, pre").forEach((el) => el.remove());
+        return copy.textContent.trim();
+    })
+    .filter((text) => new RegExp(tex).test(text))
+"""
+
+
+def find_maths_in_links(page: Any) -> list[str]:
+    """Links whose text shows TeX (``W^Q``) instead of typeset maths."""
+    return page.evaluate(TEX_IN_LINKS_JS, TEX_IN_TEXT)
+
+
 def find_maths_in_title(page: Any) -> list[str]:
     """The tab title (``<title>``) must be plain text: ``WQ``, not ``\\(W^Q\\)``."""
     title = page.title()

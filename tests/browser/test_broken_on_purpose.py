@@ -17,6 +17,7 @@ from page_checks import (
     find_dead_sidebar_buttons,
     find_long_tracebacks,
     find_machine_paths,
+    find_maths_in_links,
     find_maths_in_results,
     find_maths_in_title,
     find_meaningless_alt,
@@ -136,6 +137,15 @@ document.addEventListener("readystatechange", () => {  // parsed, before deferre
     }
 });
 """
+
+
+def test_maths_in_link_text_is_caught(open_page) -> None:
+    page = _broken(
+        open_page,
+        '<p>See <a href="heads.html"><span class="doc">One big W^Q or one per head?</span></a> and '
+        '<a href="heads.html">One big <span class="math">\\(W^Q\\)</span></a>.</p>',  # typeset: fine
+    )
+    assert find_maths_in_links(page) == ["One big W^Q or one per head?"]
 
 
 @pytest.mark.parametrize("width", [PHONE, DESKTOP])

@@ -6,7 +6,7 @@ On every page, at phone width (390 px) and laptop width (1280 px), in light mode
   (MathJax, fonts and scripts are served from ``_static``); its maths is typeset and
   its images load, each with alt text that says what it shows;
 * no raw Markdown (table syntax, ``$...$``), no path of the machine that built it, no
-  traceback longer than a few lines, no TeX in the tab title;
+  traceback longer than a few lines, no TeX in the tab title or in the text of links;
 * nothing makes the page wider than the window; a display equation wider than its
   column scrolls and shows it; at 1280 px, code, output and maths fit the column;
 * the sidebar buttons open their panels (phone) or hide the sidebar (laptop);
@@ -40,6 +40,7 @@ from page_checks import (
     find_dead_sidebar_buttons,
     find_long_tracebacks,
     find_machine_paths,
+    find_maths_in_links,
     find_maths_in_results,
     find_maths_in_title,
     find_meaningless_alt,
@@ -130,6 +131,7 @@ def test_page_reads_well(open_page, relative: str, width: int) -> None:
         "paths of the build machine": find_machine_paths(page),
         "tracebacks longer than a few lines (show the type and message)": find_long_tracebacks(page),
         "TeX in the tab title": find_maths_in_title(page),
+        "TeX in the text of links": find_maths_in_links(page),
         f"wider than a {width} px window": find_wider_than_window(page),
         "display maths cut off with no sign that it scrolls": find_clipped_maths(page),
         "code, output or maths wider than the column at 1280 px": (

@@ -2,8 +2,9 @@
  *
  * 1. The sidebar buttons. pydata-sphinx-theme 0.17.1 and sphinx-book-theme 1.3 attach
  *    their click handlers to the *first* ".primary-toggle" and ".secondary-toggle" in
- *    the page, which are hidden buttons in the top bar; the buttons a reader sees (in
- *    the article's header) do nothing. Forward their clicks to the wired ones.
+ *    the page. The book renders no top bar (reader_view.py), so those are the buttons a
+ *    reader sees; should a top bar with hidden toggles come back first, forward the
+ *    visible buttons' clicks to the wired ones.
  * 2. Regions wider than the screen (display maths, code, tables) scroll sideways; mark
  *    them so that the CSS fades the edge where more is hidden, and make them reachable
  *    from the keyboard.
