@@ -236,7 +236,13 @@ def find_wider_than_window(page: Any) -> list[str]:
 # does (a faded edge: phones hide scroll bars). Scrolled to its end, the fade moves to the other side.
 CLIPPED_MATHS_JS = """
 () => Array.from(document.querySelectorAll("mjx-container[display='true'], span.math"))
-    .filter((box) => box.scrollWidth > box.clientWidth + 1)
+    .filter((box) => {
+        // Inline maths: the formula's width against the span (scrollWidth would count
+        // MathJax's glyph overhang, which hides nothing); display maths: its scroll width.
+        const formula = box.matches("span.math") && box.querySelector("mjx-container");
+        const width = formula ? formula.getBoundingClientRect().width : box.scrollWidth;
+        return width > box.clientWidth + 1;
+    })
     .filter((box) => {
         const style = getComputedStyle(box);
         const scrolls = style.overflowX === "auto" || style.overflowX === "scroll";

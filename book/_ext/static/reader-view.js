@@ -126,9 +126,16 @@
     el.classList.toggle("qkv-more-left", el.scrollLeft > 1);
     el.classList.toggle("qkv-more-right", el.scrollLeft + el.clientWidth < el.scrollWidth - 1);
   };
+  // Inline maths is cut off when its formula is wider than the span the theme clamps to
+  // the column. (Its scrollWidth would count MathJax's glyph overhang, which hides nothing.)
+  const tooWide = (el) => {
+    const formula = el.matches("span.math") && el.querySelector("mjx-container");
+    if (formula) return formula.getBoundingClientRect().width > el.clientWidth + 1;
+    return el.scrollWidth > el.clientWidth + 1;
+  };
   const markOverflows = () => {
     document.querySelectorAll(SCROLLERS).forEach((el) => {
-      const overflows = el.scrollWidth > el.clientWidth + 1;
+      const overflows = tooWide(el);
       el.classList.toggle("qkv-overflows", overflows);
       if (overflows) {
         if (!el.hasAttribute("tabindex")) el.setAttribute("tabindex", "0");
