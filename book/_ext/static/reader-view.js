@@ -168,19 +168,21 @@
     });
   };
 
+  // Maths has its width once MathJax has typeset it. MathJax loads after this script (both
+  // are deferred; the page names this one first) and reads its configuration then: mark
+  // the overflows as part of its page-ready step, so that MathJax.startup.promise, which
+  // readers' scripts and the browser check wait for, resolves only after the marks.
+  const config = (window.MathJax = window.MathJax || {});
+  config.startup = config.startup || {};
+  const pageReady = config.startup.pageReady;
+  config.startup.pageReady = () =>
+    (pageReady ? pageReady() : window.MathJax.startup.defaultPageReady()).then(markOverflows);
+
   ready(() => {
     patchSearch();
     forwardToggles();
     fixNames();
     markOverflows();
-    // Display maths gets its width when MathJax has typeset it (MathJax loads on its own).
-    const deadline = Date.now() + 20000;
-    const afterMathJax = () => {
-      const startup = window.MathJax && window.MathJax.startup;
-      if (startup && startup.promise) startup.promise.then(markOverflows);
-      else if (Date.now() < deadline) setTimeout(afterMathJax, 100);
-    };
-    afterMathJax();
     window.addEventListener("load", () => { fixNames(); markOverflows(); });
     window.addEventListener("resize", markOverflows);
   });
