@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -41,3 +42,56 @@ def test_version_and_public_names():
     assert qkv.__version__.count(".") == 2
     for name in qkv.__all__:
         assert hasattr(qkv, name), name
+
+
+def _displayed(function, *args, **kwargs) -> list[tuple[dict, dict]]:
+    """What a call sends to IPython's display, as (data, metadata) pairs."""
+    from unittest import mock
+
+    calls = []
+    with mock.patch("IPython.display.display", lambda data, raw, metadata: calls.append((data, metadata))):
+        function(*args, **kwargs)
+    return calls
+
+
+@pytest.mark.parametrize("display", [True, False])
+@pytest.mark.parametrize("value", [0.7071, 25_165_824, "text", torch.tensor([1.0, 2.0])])
+def test_glue_writes_what_myst_nb_writes(value, display):
+    myst_glue = pytest.importorskip("myst_nb.ext.glue")
+    assert qkv.notebook.GLUE_PREFIX == myst_glue.GLUE_PREFIX
+    from unittest import mock
+
+    ours = _displayed(qkv.glue, "x", value, display=display)
+    with mock.patch.object(
+        myst_glue, "ipy_display", lambda data, raw, metadata: theirs.append((data, metadata))
+    ):
+        theirs: list[tuple[dict, dict]] = []
+        myst_glue.glue("x", value, display=display)
+    assert ours == theirs
+    ((data, _),) = ours
+    assert any(key.startswith(myst_glue.GLUE_PREFIX) for key in data) is not display
+
+
+def test_glue_needs_a_name():
+    with pytest.raises(TypeError, match="name must be a non-empty str, got ''"):
+        qkv.glue("", 1)
+
+
+def test_restart_notice_names_imported_packages_that_changed(monkeypatch, capsys):
+    from importlib import metadata
+
+    installed = {d.name: d.version for d in metadata.distributions()}
+    assert qkv.restart_notice(installed, set(sys.modules)) == ""
+    assert capsys.readouterr() == ("", "")
+    before = {**installed, "numpy": "1.0.0", "Pygments": "0.1"}  # as if pip had changed both
+    notice = qkv.restart_notice(before, {"numpy.linalg", "os"})  # numpy imported, pygments not
+    assert f"numpy 1.0.0 -> {np.__version__}" in notice
+    assert "ygments" not in notice and "restart the runtime" in notice
+    assert capsys.readouterr().err.strip() == notice
+
+
+def test_restart_notice_ignores_packages_new_to_the_session():
+    from importlib import metadata
+
+    before = {d.name: d.version for d in metadata.distributions() if d.name != "numpy"}
+    assert qkv.restart_notice(before, set(sys.modules)) == ""

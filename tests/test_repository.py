@@ -26,13 +26,17 @@ try:
 except ImportError:
     import subprocess
     import sys
+    from importlib.metadata import distributions
 
     url = "git+{url}@{branch}"
+    before, imported = {{d.name: d.version for d in distributions()}}, set(sys.modules)
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", f"qkv[notebook] @ {{url}}"],
         check=True,
     )
     import qkv
+
+    qkv.restart_notice(before, imported)  # names packages that need a restart
 
 qkv.setup()"""
 

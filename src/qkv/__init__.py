@@ -19,7 +19,7 @@ from qkv.cache import KeyValue, KVCache
 from qkv.heads import HeadWeights, merge_heads, multi_head_attention, split_heads
 from qkv.masks import additive_mask, causal_mask, from_torch_mask, padding_mask
 from qkv.multihead import AttentionHead, MultiHeadAttention, PerHeadMultiHeadAttention
-from qkv.notebook import get_device, seed_everything, setup
+from qkv.notebook import get_device, glue, restart_notice, seed_everything, setup
 from qkv.plots import plot_attention, plot_heads
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "from_torch_mask",
     "fused_attention",
     "get_device",
+    "glue",
     "gradients",
     "interop",
     "merge_heads",
@@ -49,6 +50,7 @@ __all__ = [
     "padding_mask",
     "plot_attention",
     "plot_heads",
+    "restart_notice",
     "seed_everything",
     "setup",
     "split_heads",

@@ -10,9 +10,17 @@ CONTRIBUTING.md, "Adding a chapter".
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import logging
 import os
 import random
+import re
+import sys
 import warnings
+from collections.abc import Collection, Mapping
+from importlib import metadata
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,7 +29,7 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.typing import RcKeyType
 
-__all__ = ["get_device", "seed_everything", "setup"]
+__all__ = ["get_device", "glue", "restart_notice", "seed_everything", "setup"]
 
 #: Matplotlib settings shared by every figure in the book.
 PLOT_STYLE: dict[RcKeyType, object] = {
@@ -66,8 +74,11 @@ def setup(seed: int = 0) -> None:
 
     Seeds Python, NumPy and torch; asks torch for deterministic algorithms;
     makes Keras use its torch backend (unless ``KERAS_BACKEND`` is already set);
-    sets short, fixed print precision for tensors and arrays; and applies the
-    book's matplotlib style when matplotlib is installed, with inline figures at
+    keeps log noise out of the cells' output where TensorFlow is installed beside
+    Keras (its C++ start-up lines, unless ``TF_CPP_MIN_LOG_LEVEL`` is set) or a
+    CUDA build of torch finds no GPU (as on Colab's CPU runtime); sets short,
+    fixed print precision for tensors and arrays; and applies the book's
+    matplotlib style when matplotlib is installed, with inline figures at
     twice the resolution in a notebook. Prints nothing.
 
     Parameters
@@ -82,8 +93,19 @@ def setup(seed: int = 0) -> None:
     """
     # cuBLAS needs this before its first use to be deterministic on CUDA.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # The book runs Keras on its torch backend (no TensorFlow); set before keras is imported.
+    # The book runs Keras on its torch backend; set before keras is imported.
     os.environ.setdefault("KERAS_BACKEND", "torch")
+    # Where TensorFlow is installed beside Keras (as on Colab), its C++ start-up log
+    # lines would land in reader cells; 3 keeps errors only. Read when TF loads.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # A CUDA build of torch on a machine with a CUDA toolkit but no GPU (Colab's CPU
+    # runtime) says "No CUDA runtime is found" when torch.utils.cpp_extension is first
+    # imported (torch.utils.benchmark imports it): a log line in recent versions, a
+    # print in older ones (torch 2.4). Import it here, quietly, so no cell shows it.
+    if torch.version.cuda and not torch.cuda.is_available():
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        with contextlib.redirect_stderr(io.StringIO()):
+            importlib.import_module("torch.utils.cpp_extension")
     seed_everything(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     # transformers imports tqdm's notebook bar, which warns when ipywidgets is absent.
@@ -129,3 +151,102 @@ def get_device() -> torch.device:
     >>> model = qkv.MultiHeadAttention(12, 3).to(qkv.get_device())
     """
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+#: The MIME type prefix under which a value glued with ``display=False`` is stored
+#: (myst-nb's ``GLUE_PREFIX``: a test checks the two agree).
+GLUE_PREFIX = "application/papermill.record/"
+
+
+def glue(name: str, value: object, display: bool = True) -> None:
+    """Store a computed value in the cell's output, for the prose to quote.
+
+    The book's text quotes numbers with ``{glue:text}`name``` instead of typing
+    them. This writes exactly the output ``myst_nb.glue`` writes, without needing
+    myst-nb (a book-building package) where the chapters run, such as Colab.
+
+    Parameters
+    ----------
+    name : str
+        The name the text refers to; unique within a chapter.
+    value : object
+        The value; what is stored is its display form (``repr`` for a number).
+    display : bool
+        Show the value in the cell's output too.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> qkv.glue("answer", 42, display=False)  # in a script, IPython shows nothing
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    try:
+        from IPython.core.formatters import format_display_data
+        from IPython.display import display as ipython_display
+    except ImportError as error:  # pragma: no cover - IPython comes with every kernel
+        raise ImportError("qkv.glue needs IPython (it runs in a notebook)") from error
+    bundle, bundle_metadata = format_display_data(value)  # type: ignore[no-untyped-call]
+    prefix = "" if display else GLUE_PREFIX
+    bundle_metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    data = {prefix + key: item for key, item in bundle.items()}
+    ipython_display(data, raw=True, metadata=bundle_metadata)  # type: ignore[no-untyped-call]
+
+
+def _normalise(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def restart_notice(before: Mapping[str, str], imported: Collection[str]) -> str:
+    """After ``pip install`` in a running notebook: say whether to restart it.
+
+    A package that pip upgraded or downgraded while the session had already
+    imported it stays at its old version in memory, beside new files on disk,
+    until the runtime restarts. The chapters' install cell records the installed
+    versions and the imported modules before installing, then calls this.
+
+    Parameters
+    ----------
+    before : Mapping[str, str]
+        Distribution name to version, as installed before (for example
+        ``{d.name: d.version for d in importlib.metadata.distributions()}``).
+    imported : Collection[str]
+        The names in ``sys.modules`` before installing.
+
+    Returns
+    -------
+    str
+        ``""`` when no imported package changed, else one line naming them,
+        which is also printed.
+
+    Examples
+    --------
+    >>> import sys, qkv
+    >>> from importlib.metadata import distributions
+    >>> before = {d.name: d.version for d in distributions()}
+    >>> qkv.restart_notice(before, set(sys.modules))  # nothing was installed
+    ''
+    """
+    old = {_normalise(name): version for name, version in before.items()}
+    modules = {name.partition(".")[0] for name in imported}
+    providers = metadata.packages_distributions()
+    # A name can be installed twice (setuptools vendors packaging, for one): a package
+    # changed when the version seen before is none of those installed now.
+    now: dict[str, set[str]] = {}
+    for distribution in metadata.distributions():
+        now.setdefault(_normalise(distribution.name or ""), set()).add(distribution.version)
+    changed = []
+    for name, versions in now.items():
+        if name not in old or old[name] in versions:
+            continue
+        tops = [module for module, owners in providers.items() if name in map(_normalise, owners)]
+        if modules.intersection(tops):
+            changed.append(f"{name} {old[name]} -> {', '.join(sorted(versions))}")
+    if not changed:
+        return ""
+    notice = (
+        f"pip changed {', '.join(sorted(changed))}, already imported in this session: "
+        "restart the runtime (in Colab: Runtime > Restart session), then run the chapter again."
+    )
+    print(notice, file=sys.stderr)
+    return notice
