@@ -32,22 +32,30 @@ export PYTHONHASHSEED := 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help book test $(STAGES) execute env clean
+.PHONY: help book test $(STAGES) execute env clean test-oldest test-colab
 
 help:
 	@echo "make book         build the HTML book into $(HTML) (creates $(VENV) when missing)"
 	@echo "make test         every check: $(STAGES) (unchanged stages are skipped; FORCE=1 runs all)"
-	@echo "make lint         ruff on the package, tests, scripts and notebooks; mypy --strict on the package"
+	@echo "make lint         ruff on the package, tests, scripts and notebooks; mypy --strict on the package;"
+	@echo "                  the GitHub workflows against GitHub's schema and zizmor's audit (offline)"
 	@echo "make unit         pytest on tests/ (without the browser check)"
 	@echo "make nbval        re-run every book/*.ipynb and compare with its stored outputs"
 	@echo "make html-strict  build the book from scratch with warnings as errors"
 	@echo "make browser      open every built page in headless Chromium (screenshots: _build/screenshots)"
 	@echo "make execute      re-run notebooks in place (NB=book/x.ipynb for one)"
+	@echo "make test-oldest  unit tests and every chapter on the version floors (Python 3.10; PYTHON=...)"
+	@echo "make test-colab   the same on Colab's versions, TensorFlow included (Python 3.13; PYTHON=...)"
 	@echo "make clean        remove the built book and caches (keeps $(VENV))"
 
 # --- the environment ---------------------------------------------------------
 
+# The oldest Python every pin in requirements.txt supports (tests/test_repository.py
+# checks it); the package itself runs from Python 3.10 (make test-oldest).
+MIN_PYTHON := 3.11.5
 $(PY):
+	@$(PYTHON3) -c 'import sys; sys.exit(sys.version_info < tuple(map(int, "$(MIN_PYTHON)".split("."))))' || \
+	    { echo "make: the pinned environment needs Python $(MIN_PYTHON) or newer; $(PYTHON3) is $$($(PYTHON3) -V 2>&1). Use PYTHON3=/path/to/python3.11 (or newer)." >&2; exit 1; }
 	$(PYTHON3) -m venv $(VENV)
 
 $(STAMP): requirements.txt pyproject.toml | $(PY)
@@ -78,11 +86,15 @@ endef
 
 lint: $(PASSED)/lint
 	@echo "lint: passed (re-runs when one of its inputs changes)"
-$(PASSED)/lint: $(STAMP) $(PACKAGE) $(TESTS) $(NOTEBOOKS) $(wildcard scripts/*.py benchmarks/*.py book/*.py)
+WORKFLOWS := $(wildcard .github/workflows/*.yml)
+$(PASSED)/lint: $(STAMP) $(PACKAGE) $(TESTS) $(NOTEBOOKS) $(WORKFLOWS) $(wildcard scripts/*.py benchmarks/*.py book/*.py)
 	$(BIN)/ruff check .
 	@# The chapters' code fits the page's code column: 88 characters (the package: 110).
 	$(BIN)/ruff check --line-length 88 --select E501 $(NOTEBOOKS)
 	$(BIN)/mypy --strict src/qkv tests/typing
+	@# The GitHub workflows: GitHub's schema (bundled, offline) and a security audit.
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows $(WORKFLOWS)
+	$(BIN)/zizmor --offline --quiet .github/workflows
 	$(call passed,lint)
 
 # The tests, and the examples in the package's docstrings (the API page shows them).
@@ -108,11 +120,13 @@ $(PASSED)/html-strict: $(STAMP) $(PACKAGE) $(BOOK_SOURCES)
 	$(JB_BUILD) --all --warningiserror --nitpick --keep-going
 	$(call passed,html-strict)
 
-# Brings the site up to date first (incremental: quick after html-strict). Two
-# Chromiums at once; screenshots of every page go to _build/screenshots.
+# Installs Debian's Chromium when it is missing and it can (root with apt-get), brings
+# the site up to date (incremental: quick after html-strict), then runs two Chromiums
+# at once; screenshots of every page go to _build/screenshots.
 browser: $(PASSED)/browser
 	@echo "browser: passed (re-runs when one of its inputs changes)"
 $(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
+	scripts/system-packages chromium
 	$(JB_BUILD) --quiet
 	$(PY) -m pytest -p no:cacheprovider tests/browser --browser -n 2
 	$(call passed,browser)
@@ -129,6 +143,15 @@ test: $(STAMP)
 	if [ $$failed -gt 0 ]; then echo "failed:$$failures"; fi; \
 	echo "summary: $$passed passed, $$failed failed"; \
 	test $$failed -eq 0
+
+# --- other versions --------------------------------------------------------------
+
+# The unit tests and every chapter on another set of versions (constraints/*.txt), in
+# .venv-oldest or .venv-colab, built with the Python each set names (PYTHON=... to
+# point at it). They download large wheels, so `make test` does not run them; the
+# scheduled workflow (.github/workflows/versions.yml) does.
+test-oldest test-colab: test-%: $(STAMP)
+	$(PY) scripts/test_versions.py $* $(if $(PYTHON),--python $(PYTHON))
 
 # --- maintenance ---------------------------------------------------------------
 

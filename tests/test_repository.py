@@ -315,3 +315,69 @@ def test_docstring_examples_fit_the_api_page() -> None:
         "page's example column); break the call over '...' lines, move a trailing comment "
         "onto its own '>>> #' line, name an intermediate value, or print less:\n" + "\n".join(too_long)
     )
+
+
+def test_the_pinned_environment_names_its_oldest_python() -> None:
+    """The Makefile and the README name the oldest Python that every pin supports."""
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    pins = [line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line]
+    try:
+        installed = {name: metadata.distribution(name) for name, _ in pins}
+    except metadata.PackageNotFoundError:
+        pytest.skip("reads the pinned environment's metadata (.venv)")
+    if any(Version(installed[name].version).public != version for name, version in pins):
+        pytest.skip("reads the pinned environment's metadata (.venv)")
+    (minimum,) = re.findall(r"^MIN_PYTHON := ([\d.]+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    lowest = {
+        name: distribution.metadata.get("Requires-Python") or ""
+        for name, distribution in installed.items()
+        if Version(minimum) not in SpecifierSet(distribution.metadata.get("Requires-Python") or "")
+    }
+    assert not lowest, f"Makefile's MIN_PYTHON {minimum} is below these pins' requires-python: {lowest}"
+    bounds = [
+        Version(spec.version)
+        for d in installed.values()
+        for spec in SpecifierSet(d.metadata.get("Requires-Python") or "")
+        if spec.operator == ">="
+    ]
+    assert Version(minimum) == max(bounds), f"MIN_PYTHON could be {max(bounds)}, not {minimum}"
+    assert f"Python {minimum} or newer" in (ROOT / "README.md").read_text()
+
+
+def _workflow(name: str) -> dict:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text(encoding="utf-8"))
+    workflow["on"] = workflow.pop(True, workflow.get("on"))  # YAML 1.1 reads the key `on` as True
+    return workflow
+
+
+def _steps(workflow: dict) -> list[dict]:
+    return [step for job in workflow["jobs"].values() for step in job.get("steps", [])]
+
+
+def test_workflows_test_publish_and_check_the_other_versions() -> None:
+    ci = _workflow("ci.yml")
+    assert set(ci["on"]) == {"push", "pull_request"}
+    assert any(step.get("run") == "bash .ci/run" for step in _steps(ci))
+    publish = _workflow("publish.yml")
+    uses = {step["uses"].split("@")[0]: step for step in _steps(publish) if "uses" in step}
+    assert uses["actions/upload-pages-artifact"]["with"]["path"] == "_build/html"
+    assert "actions/deploy-pages" in uses
+    assert any(step.get("run") == "make html-strict" for step in _steps(publish))
+    versions = _workflow("versions.yml")
+    assert "schedule" in versions["on"]
+    targets = {entry["target"] for entry in versions["jobs"]["versions"]["strategy"]["matrix"]["include"]}
+    assert targets == {"test-oldest", "test-colab"}
+    for name in ("ci.yml", "publish.yml", "versions.yml"):
+        for step in _steps(_workflow(name)):
+            if "uses" in step:
+                pinned = re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", step["uses"])
+                assert pinned, f"{name}: pin {step['uses']} to a commit hash"
+
+
+def test_readme_links_the_published_book() -> None:
+    owner, name = _config()["repository"]["url"].removeprefix("https://github.com/").split("/")
+    assert f"<https://{owner}.github.io/{name}/>" in (ROOT / "README.md").read_text(encoding="utf-8")

@@ -223,7 +223,10 @@ def from_bert(module: Any) -> HeadWeights:
     >>> import torch, qkv
     >>> from transformers import BertConfig
     >>> from transformers.models.bert.modeling_bert import BertAttention
-    >>> bert = BertAttention(BertConfig(hidden_size=12, num_attention_heads=3)).eval()
+    >>> config = BertConfig(
+    ...     hidden_size=12, num_attention_heads=3, attn_implementation="eager"
+    ... )
+    >>> bert = BertAttention(config).eval()
     >>> hw = qkv.interop.from_bert(bert)
     >>> x = torch.randn(2, 5, 12)
     >>> mixed, _ = qkv.MultiHeadAttention.from_heads(hw)(x)
@@ -305,7 +308,7 @@ def from_keras(layer: Any) -> HeadWeights:
     d_model = layer.query_dense.kernel.shape[0]
     if w_o.dim() != 3 or w_o.shape[-1] != d_model:
         raise ValueError(
-            f"layer has output_shape={layer._output_shape}, so its output is not the query's "
+            f"layer has output_shape={tuple(w_o.shape[2:])}, so its output is not the query's "
             f"width ({d_model}); the paper's W^O maps back to d_model: build the layer "
             "without output_shape"
         )
