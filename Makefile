@@ -149,9 +149,10 @@ test: $(STAMP)
 # The unit tests and every chapter on another set of versions (constraints/*.txt), in
 # .venv-oldest or .venv-colab, built with the Python each set names (PYTHON=... to
 # point at it). They download large wheels, so `make test` does not run them; the
-# scheduled workflow (.github/workflows/versions.yml) does.
-test-oldest test-colab: test-%: $(STAMP)
-	$(PY) scripts/test_versions.py $* $(if $(PYTHON),--python $(PYTHON))
+# scheduled workflow (.github/workflows/versions.yml) does. The script needs only the
+# standard library, so any python3 runs it (not .venv: it may be the wrong version).
+test-oldest test-colab: test-%:
+	$(PYTHON3) scripts/test_versions.py $* $(if $(PYTHON),--python $(PYTHON))
 
 # --- maintenance ---------------------------------------------------------------
 

@@ -95,3 +95,27 @@ def test_restart_notice_ignores_packages_new_to_the_session():
 
     before = {d.name: d.version for d in metadata.distributions() if d.name != "numpy"}
     assert qkv.restart_notice(before, set(sys.modules)) == ""
+
+
+def test_setup_keeps_the_no_cuda_runtime_line_out(monkeypatch, capfd, caplog, tmp_path):
+    """A CUDA build of torch without a GPU, beside a CUDA toolkit (Colab's CPU runtime)."""
+    import importlib
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(torch.version, "cuda", "12.1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True, raising=False)  # a CUDA build
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch.utils.cpp_extension", raising=False)
+    importlib.import_module("torch.utils.cpp_extension")  # what a chapter's import does
+    # A log record on recent torch, a print on torch 2.4:
+    assert "No CUDA runtime is found" in caplog.text + capfd.readouterr().err
+    caplog.clear()
+    del sys.modules["torch.utils.cpp_extension"]
+    qkv.setup()  # imports it quietly, and keeps its logger quiet afterwards
+    assert "torch.utils.cpp_extension" in sys.modules
+    importlib.import_module("torch.utils.cpp_extension")  # a chapter imports it later
+    assert capfd.readouterr() == ("", "")
+    assert "No CUDA runtime" not in caplog.text

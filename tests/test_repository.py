@@ -369,8 +369,11 @@ def test_workflows_test_publish_and_check_the_other_versions() -> None:
     assert any(step.get("run") == "make html-strict" for step in _steps(publish))
     versions = _workflow("versions.yml")
     assert "schedule" in versions["on"]
-    targets = {entry["target"] for entry in versions["jobs"]["versions"]["strategy"]["matrix"]["include"]}
-    assert targets == {"test-oldest", "test-colab"}
+    matrix = versions["jobs"]["versions"]["strategy"]["matrix"]["include"]
+    assert {entry["target"] for entry in matrix} == {"test-oldest", "test-colab"}
+    for entry in matrix:  # the Python each constraints file names in its first line
+        constraints = ROOT / "constraints" / f"{entry['target'].removeprefix('test-')}.txt"
+        assert constraints.read_text(encoding="utf-8").startswith(f"# python {entry['python']}\n")
     for name in ("ci.yml", "publish.yml", "versions.yml"):
         for step in _steps(_workflow(name)):
             if "uses" in step:
@@ -381,3 +384,12 @@ def test_workflows_test_publish_and_check_the_other_versions() -> None:
 def test_readme_links_the_published_book() -> None:
     owner, name = _config()["repository"]["url"].removeprefix("https://github.com/").split("/")
     assert f"<https://{owner}.github.io/{name}/>" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapters_need_no_book_tooling(path: Path) -> None:
+    """Colab installs qkv[notebook] only: a chapter importing myst_nb or sphinx fails there."""
+    for index, cell in enumerate(_code_cells(path)):
+        book_tooling = r"^\s*(?:from|import) (myst_nb|myst_parser|sphinx\w*|jupyter_book)\b"
+        found = re.findall(book_tooling, _source(cell), re.MULTILINE)
+        assert not found, f"{path.name}: code cell {index} imports {found}; use qkv.glue"
