@@ -17,15 +17,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from pins import name as name_of
+from pins import pinned_environment, public, read_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
-
-
-def _installed_is_pinned() -> bool:
-    """Whether this Python has the root pins (the .venv), not another set of versions."""
-    pins = _pins(ROOT / "requirements.txt")
-    return all(_public(metadata.version(name)) == pins[name] for name in ("torch", "numpy", "transformers"))
 
 
 # Distributions Binder's own environment provides, which the chapters need as well.
@@ -36,38 +32,17 @@ CUDA_ONLY = re.compile(r"nvidia-|cuda-|triton$")
 TOOLS = {"pytest", "hypothesis", "nbval", "ruff", "mypy", "playwright", "sphinx", "jupyter-book", "myst-nb"}
 
 
-def _name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _pins(path: Path) -> dict[str, str]:
-    """name -> version of every `name==version` line (options and comments skipped)."""
-    pins = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.split("#")[0].strip()
-        if line and not line.startswith("-"):
-            requirement = Requirement(line)
-            (specifier,) = requirement.specifier
-            assert specifier.operator == "==", f"{path.name}: pin {line!r} exactly"
-            pins[_name(requirement.name)] = specifier.version
-    return pins
-
-
-def _public(version: str) -> str:
-    return Version(version).public  # 2.13.0+cpu -> 2.13.0
-
-
 def _closure(name: str, extras: tuple[str, ...] = ()) -> dict[str, metadata.Distribution]:
     """Every installed distribution that `name[extras]` needs, itself included."""
     found: dict[str, metadata.Distribution] = {}
     todo, done = [(name, extras)], set()
     while todo:
         name, extras = todo.pop()
-        if (_name(name), extras) in done:
+        if (name_of(name), extras) in done:
             continue
-        done.add((_name(name), extras))
+        done.add((name_of(name), extras))
         distribution = metadata.distribution(name)
-        found[_name(distribution.name)] = distribution
+        found[name_of(distribution.name)] = distribution
         for requirement in map(Requirement, distribution.requires or []):
             marker = requirement.marker
             if marker is None or any(marker.evaluate({"extra": extra}) for extra in ("", *extras)):
@@ -75,19 +50,19 @@ def _closure(name: str, extras: tuple[str, ...] = ()) -> dict[str, metadata.Dist
     return found
 
 
-def test_binder_pins_are_the_root_pins() -> None:
-    root, binder = _pins(ROOT / "requirements.txt"), _pins(BINDER / "requirements.txt")
+def test_binder_pins_are_the_rootread_pins() -> None:
+    root, binder = read_pins(ROOT / "requirements.txt"), read_pins(BINDER / "requirements.txt")
     differ = {
         name: (version, root.get(name))
         for name, version in binder.items()
-        if _public(version) != root.get(name)
+        if public(version) != root.get(name)
     }
     assert not differ, f"binder/requirements.txt (left) and requirements.txt (right) disagree: {differ}"
 
 
-@pytest.mark.skipif(not _installed_is_pinned(), reason="reads the pinned environment's metadata (.venv)")
+@pytest.mark.skipif(not pinned_environment(), reason="reads the pinned environment's metadata (.venv)")
 def test_binder_installs_what_the_chapters_import_and_no_tools() -> None:
-    binder = _pins(BINDER / "requirements.txt")
+    binder = read_pins(BINDER / "requirements.txt")
     needed = set(_closure("qkv", ("interop", "plot"))) - {"qkv"} - PROVIDED_BY_REPO2DOCKER
     needed = {name for name in needed if not CUDA_ONLY.match(name)}  # a .venv with CUDA torch
     assert not needed - set(binder), f"binder/requirements.txt lacks {sorted(needed - set(binder))}"
@@ -99,7 +74,7 @@ def test_binder_installs_what_the_chapters_import_and_no_tools() -> None:
 def test_binder_takes_torch_cpu_wheels_and_caches_its_dependencies() -> None:
     text = (BINDER / "requirements.txt").read_text(encoding="utf-8")
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in text.splitlines()
-    assert Version(_pins(BINDER / "requirements.txt")["torch"]).local == "cpu"
+    assert Version(read_pins(BINDER / "requirements.txt")["torch"]).local == "cpu"
     # A local path (-e ., .) would make repo2docker copy the repository first, so that
     # every commit rebuilt the dependency layer; qkv is installed by postBuild instead.
     lines = [line.split("#")[0].strip() for line in text.splitlines()]
@@ -109,7 +84,7 @@ def test_binder_takes_torch_cpu_wheels_and_caches_its_dependencies() -> None:
     assert "pip install --no-cache-dir --no-deps ." in post_build.read_text(encoding="utf-8")
 
 
-@pytest.mark.skipif(not _installed_is_pinned(), reason="reads the pinned environment's metadata (.venv)")
+@pytest.mark.skipif(not pinned_environment(), reason="reads the pinned environment's metadata (.venv)")
 def test_binder_python_satisfies_every_pin() -> None:
     runtime = (BINDER / "runtime.txt").read_text(encoding="utf-8").strip()
     match = re.fullmatch(r"python-(3\.\d+)", runtime)
@@ -119,9 +94,9 @@ def test_binder_python_satisfies_every_pin() -> None:
     (requires_python,) = re.findall(r'^requires-python = "(.+)"$', pyproject, re.MULTILINE)
     assert python in SpecifierSet(requires_python)
     unsatisfied = {}
-    for name, version in _pins(BINDER / "requirements.txt").items():
+    for name, version in read_pins(BINDER / "requirements.txt").items():
         distribution = metadata.distribution(name)
-        if _public(distribution.version) != _public(version):
+        if public(distribution.version) != public(version):
             pytest.fail(f"{name} {distribution.version} is installed, not the pinned {version}: run make env")
         requires = distribution.metadata.get("Requires-Python") or ""
         if python not in SpecifierSet(requires):

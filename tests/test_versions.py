@@ -12,13 +12,11 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import Version
+from pins import name as name_of
+from pins import read_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints"
-
-
-def _name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _constraints(name: str) -> tuple[Version, dict[str, Version]]:
@@ -26,14 +24,7 @@ def _constraints(name: str) -> tuple[Version, dict[str, Version]]:
     text = (CONSTRAINTS / f"{name}.txt").read_text(encoding="utf-8")
     header = re.match(r"# python (3\.\d+)\n", text)
     assert header, f"constraints/{name}.txt must start with '# python 3.X'"
-    pins = {}
-    for line in text.splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            requirement = Requirement(line)
-            (specifier,) = requirement.specifier
-            assert specifier.operator == "==", f"constraints/{name}.txt: pin {line!r} exactly"
-            pins[_name(requirement.name)] = Version(specifier.version)
+    pins = {pin: Version(version) for pin, version in read_pins(CONSTRAINTS / f"{name}.txt").items()}
     return Version(header.group(1)), pins
 
 
@@ -46,7 +37,7 @@ def _floors() -> tuple[Version, dict[str, Version]]:
         requirement = Requirement(quoted)
         lower = [s.version for s in requirement.specifier if s.operator == ">="]
         if lower:
-            floors[_name(requirement.name)] = Version(lower[0])
+            floors[name_of(requirement.name)] = Version(lower[0])
     return Version(python), floors
 
 
