@@ -64,8 +64,10 @@ def test_cross_attention_draws_two_layers_to_scale_from_one_encoder_output(model
     texts = texts_of(figure)
     for shape in ("(7, 9)", "(4, 12)", "(12, 12)", "(9, 12)", "(7, 12)", "(4, 7)"):
         assert shape in texts
-    for label in ("$W^Q_0$", "$W^K_0$", "$W^V_0$", "$W^Q_1$", "$W^K_1$", "$W^V_1$", r"$\mathrm{enc}$"):
-        assert label in texts  # each layer's own weights
+    for i in (0, 1):  # each layer's own weights; the layer is a superscript, a subscript is a head
+        for letter in "QKV":
+            assert f"$W^{{{letter}\\,({i})}}$" in texts and f"${letter}^{{({i})}}$" in texts
+    assert r"$\mathrm{enc}$" in texts
     # The one encoder output reaches W^K and W^V of both layers: four branches, each labelled enc.
     assert texts.count(r"$\mathrm{enc}$") == 1 + 4
     assert any("after its one layer:" in t for t in texts)

@@ -129,18 +129,20 @@ def _weight_and_product(
     canvas: Canvas, columns: tuple[float, float, float], top: float, middle: float, rows: tuple[int, int],
     cols: int, role: str, letter: str, layer: int, size: int, grid: bool,
 ) -> dict[str, float]:  # fmt: skip
-    """``× W^{letter}_{layer} = {letter}_{layer}``: the weight (rows[0], cols) and the product
+    """``× W^{letter (layer)} = {letter}^(layer)``: the weight (rows[0], cols) and the product
     (rows[1], cols), heads divided every ``size`` columns; returns the product's box.
+
+    The layer goes in a parenthesised superscript: a subscript is a head's index in this book.
 
     ``columns`` are the x of the weight and of the product, and the gap before each.
     """
     x_w, x_out, gap = columns
     canvas.operator(x_w - gap / 2, middle, "×")
-    w_box = canvas.matrix(x_w, top, rows[0], cols, ROLE_COLOURS[role], label=f"W^{letter}_{_sub(layer)}",
+    w_box = canvas.matrix(x_w, top, rows[0], cols, ROLE_COLOURS[role], label=f"W^{{{letter}\\,({layer})}}",
                           shape=(rows[0], cols), grid=grid, gid=f"W^{letter}{layer}")  # fmt: skip
     _head_dividers(canvas, w_box, size)
     canvas.operator(x_out - gap / 2, middle, "=")
-    box = canvas.matrix(x_out, top, rows[1], cols, ROLE_COLOURS[role], label=f"{letter}_{_sub(layer)}",
+    box = canvas.matrix(x_out, top, rows[1], cols, ROLE_COLOURS[role], label=f"{letter}^{{({layer})}}",
                         shape=(rows[1], cols), grid=grid, gid=f"{letter}{layer}")  # fmt: skip
     _head_dividers(canvas, box, size)
     return box
