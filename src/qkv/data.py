@@ -11,7 +11,7 @@ The chapters :doc:`cross_attention` (book/cross_attention.ipynb) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,6 +23,7 @@ from qkv._validation import require_positive_int, require_tensor
 __all__: list[str] = [
     "ABACUS_WORDS",
     "IGNORE_INDEX",
+    "AbacusBeadOrderTask",
     "AbacusSpellingTask",
     "AssociativeRecall",
     "PreviousTokenBatch",
@@ -31,6 +32,9 @@ __all__: list[str] = [
     "Seq2SeqBatch",
 ]
 
+
+#: How many times in a row :meth:`AbacusSpellingTask.batch` may draw only excluded strings.
+_MAX_REDRAWS = 1000
 
 #: The target of positions that have no answer; ``F.cross_entropy`` skips it by default.
 IGNORE_INDEX = -100
@@ -363,6 +367,7 @@ class AbacusSpellingTask:
         *,
         generator: torch.Generator | None = None,
         device: torch.device | str | None = None,
+        exclude: Collection[tuple[int, ...]] = (),
     ) -> Seq2SeqBatch:
         """Draw a batch of random digit strings and their spellings.
 
@@ -374,6 +379,9 @@ class AbacusSpellingTask:
             The source of randomness (on the CPU); default torch's global one.
         device : torch.device or str, optional
             Where to put the tensors.
+        exclude : collection of tuples of int, optional
+            Digit strings never to draw, such as a held-out set: a row that
+            comes out as one of them is drawn again.
 
         Returns
         -------
@@ -383,13 +391,24 @@ class AbacusSpellingTask:
             longest target plus one.
         """
         batch_size = require_positive_int("batch_size", batch_size)
-        lengths = torch.randint(
-            self.min_digits, self.max_digits + 1, (batch_size,), generator=generator
-        )  # (B,)
-        digits = torch.randint(0, 10, (batch_size, int(lengths.max())), generator=generator)  # (B, S)
-        return self.from_digits(
-            [row[:n] for row, n in zip(digits.tolist(), lengths.tolist(), strict=True)], device=device
+        excluded = set(exclude)
+        rows = self._draw(batch_size, generator)
+        for _ in range(_MAX_REDRAWS + 1):  # a first check, then up to _MAX_REDRAWS redraws
+            again = [i for i, row in enumerate(rows) if row in excluded]
+            if not again:
+                return self.from_digits(rows, device=device)
+            for i, row in zip(again, self._draw(len(again), generator), strict=True):
+                rows[i] = row
+        raise ValueError(
+            f"exclude holds {len(excluded)} digit strings, and {_MAX_REDRAWS} draws in a row "
+            f"kept drawing them: it leaves (almost) nothing of {self!r} to draw"
         )
+
+    def _draw(self, n: int, generator: torch.Generator | None) -> list[tuple[int, ...]]:
+        """``n`` random digit strings, uniform over the lengths, then over the digits."""
+        lengths = torch.randint(self.min_digits, self.max_digits + 1, (n,), generator=generator)  # (n,)
+        digits = torch.randint(0, 10, (n, int(lengths.max())), generator=generator)  # (n, S)
+        return [tuple(row[:k]) for row, k in zip(digits.tolist(), lengths.tolist(), strict=True)]
 
     def from_digits(
         self, digits: Sequence[Sequence[int]], *, device: torch.device | str | None = None
@@ -466,3 +485,77 @@ class AbacusSpellingTask:
             if i != self.bos_id:
                 words.append(self.target_tokens[i])
         return words
+
+
+class AbacusBeadOrderTask(AbacusSpellingTask):
+    """Read an abacus's rods fewest one-beads first: ``7 0 8 -> zero five two five three``.
+
+    The words are those of :class:`AbacusSpellingTask`, but the target reads
+    the rods from the one with the fewest one-beads (``digit % 5``) to the one
+    with the most. No two rods of a source show the same number of one-beads,
+    so at most one digit of each pair (0, 5), (1, 6), (2, 7), (3, 8), (4, 9)
+    appears, the order is strict, and a source has at most five digits. The
+    alignment is then a permutation of the source positions, not a staircase:
+    to write each word, the decoder must find its digit by what the digit is,
+    not by where it sits.
+
+    Parameters
+    ----------
+    min_digits, max_digits : int
+        The range of source lengths (inclusive); ``max_digits`` at most 5.
+
+    See Also
+    --------
+    qkv.models.TinyEncoderDecoder : the model the chapter trains on it.
+    :doc:`cross_attention` : the task, and where a trained cross-attention looks.
+
+    Examples
+    --------
+    >>> from qkv.data import AbacusBeadOrderTask
+    >>> task = AbacusBeadOrderTask()
+    >>> task.spell([7, 0, 8])
+    (['zero', 'five', 'two', 'five', 'three'], [1, 0, 0, 2, 2])
+    """
+
+    def __init__(self, min_digits: int = 3, max_digits: int = 5) -> None:
+        super().__init__(min_digits, max_digits)
+        if max_digits > 5:
+            raise ValueError(
+                f"max_digits must be at most 5 (one rod per number of one-beads, 0 to 4), got {max_digits}"
+            )
+
+    def __repr__(self) -> str:
+        return f"AbacusBeadOrderTask(min_digits={self.min_digits}, max_digits={self.max_digits})"
+
+    def spell(self, digits: Sequence[int]) -> tuple[list[str], list[int]]:
+        """The words that read ``digits`` fewest one-beads first, and the source position of each word.
+
+        Parameters
+        ----------
+        digits : sequence of int
+            Digits 0-9, no two with the same number of one-beads (``digit % 5``).
+
+        Returns
+        -------
+        words : list of str
+        alignment : list of int
+            ``alignment[t]`` is the position in ``digits`` that ``words[t]`` spells.
+        """
+        in_source_order, positions = super().spell(digits)  # checks each digit
+        beads = [digit % 5 for digit in digits]
+        for position, count in enumerate(beads):
+            if count in beads[:position]:
+                raise ValueError(
+                    f"digits must show different numbers of one-beads, but {digits[beads.index(count)]} and "
+                    f"{digits[position]} (positions {beads.index(count)} and {position}) both show {count}"
+                )
+        order = sorted(range(len(positions)), key=lambda t: beads[positions[t]])  # stable: "five" first
+        return [in_source_order[t] for t in order], [positions[t] for t in order]
+
+    def _draw(self, n: int, generator: torch.Generator | None) -> list[tuple[int, ...]]:
+        """``n`` random sources: uniform over the lengths, then over the rods' one-beads and five-beads."""
+        lengths = torch.randint(self.min_digits, self.max_digits + 1, (n,), generator=generator)  # (n,)
+        ones = torch.rand(n, 5, generator=generator).argsort(dim=-1)  # (n, 5): the counts 0-4, shuffled
+        fives = torch.randint(0, 2, (n, 5), generator=generator)  # (n, 5): a five-bead or not
+        digits = ones + 5 * fives  # (n, 5)
+        return [tuple(row[:k]) for row, k in zip(digits.tolist(), lengths.tolist(), strict=True)]

@@ -385,7 +385,7 @@ class TinyEncoderDecoder(nn.Module):
 
     See Also
     --------
-    qkv.data.AbacusSpellingTask : a task to train it on.
+    qkv.data.AbacusSpellingTask, qkv.data.AbacusBeadOrderTask : tasks to train it on.
     :doc:`cross_attention` : where its trained cross-attention looks, and what is computed once.
 
     Examples
