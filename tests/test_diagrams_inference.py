@@ -68,6 +68,10 @@ def test_cross_attention_draws_two_layers_to_scale_from_one_encoder_output(model
         for letter in "QKV":
             assert f"$W^{{{letter}\\,({i})}}$" in texts and f"${letter}^{{({i})}}$" in texts
     assert r"$\mathrm{enc}$" in texts
+    for i in (0, 1):  # each layer's own input, and one score map per head: three heads, a stack of three
+        assert f"$\\mathrm{{dec}}^{{({i})}}$" in texts
+        assert {f"scores{i}:head1", f"scores{i}:head2"} <= set(matrix_names(figure))
+    assert texts.count(r"$Q_i K_i^\top$") == 2 and texts.count("one per head: 3") == 2
     # The one encoder output reaches W^K and W^V of both layers: four branches, each labelled enc.
     assert texts.count(r"$\mathrm{enc}$") == 1 + 4
     assert any("after its one layer:" in t for t in texts)

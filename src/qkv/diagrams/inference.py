@@ -199,8 +199,10 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     top, and a line carries it to every decoder layer drawn. In each layer three
     rows, every block to scale: ``dec (T, d_dec) × W^Q = Q``, ``enc × W^K = K`` and
     ``enc × W^V = V``, each W that layer's own, with white lines between heads;
-    then Q and K meet in the T × S scores, T queries against S keys (one such
-    matrix per head). The sizes are read from the objects passed.
+    then Q and K meet in the T × S scores, T queries against S keys, one map
+    per head (``Q_i K_i^T``, drawn as a stack). The layer is a superscript:
+    ``dec^(1)`` is what decoder layer 1 reads, the states decoder layer 0 wrote.
+    The sizes are read from the objects passed.
 
     Parameters
     ----------
@@ -276,11 +278,14 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     x_w = x_in + input_cols + gap
     x_out = x_w + w_cols + gap
     x_scores = x_out + w_cols + gap
-    width = max(x_scores + S + scale.units(margin_in), scale.units(_MIN_WIDTH))
+    stack = scale.units(0.07)  # the offset between the heads' stacked score maps
+    behind = (max(w.num_heads for w in drawn) - 1) * stack
+    width = max(x_scores + S + behind + scale.units(margin_in), scale.units(_MIN_WIDTH))
 
     title_h = scale.line * 1.4
     enc_h = scale.above + S + scale.below + scale.units(0.1)
-    q_h = scale.above + max(T, d_dec) + scale.below
+    heads_h = scale.units(0.2)  # the line under the score maps that counts the heads
+    q_h = scale.above + behind + max(T + scale.below + heads_h, d_dec) + scale.below
     kv_h = [scale.above + max(S, w.kdim) + scale.below for w in drawn]
     layer_h = [scale.line + q_h + 2 * kv for kv in kv_h]
     footer_h = scale.line * 1.3 if len(weights) > len(drawn) else scale.units(0.1)
@@ -316,15 +321,15 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
             gid=f"layer{i}:header",
         )
         y += scale.line
-        # Q row: the decoder states through this layer's W^Q.
-        top = y + scale.above
+        # Q row: the decoder states through this layer's W^Q (room above for the stacked score maps).
+        top = y + scale.above + behind
         canvas.matrix(
             x_in,
             top,
             T,
             d_dec,
             ROLE_COLOURS["x"],
-            label=r"\mathrm{dec}",
+            label=rf"\mathrm{{dec}}^{{({i})}}",  # layer i's input: the decoder's states after layer i - 1
             shape=(T, d_dec),
             grid=grid,
             gid=f"dec{i}",
@@ -333,17 +338,29 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
         q_box = _weight_and_product(canvas, (x_w, x_out, gap), top, top + T / 2, (d_dec, T), q_cols,
                                     "q", "Q", i, w.d_k, grid)  # fmt: skip
         canvas.arrow(q_box["right"] + 0.3, top + T / 2, x_scores - 0.3, top + T / 2)
+        # One T × S map per head: the others stacked behind the first, offset up and right.
+        for j in reversed(range(1, w.num_heads)):
+            canvas.matrix(x_scores + j * stack, top - j * stack, T, S, _lighter(ROLE_COLOURS["weights"]),
+                          grid=False, gid=f"scores{i}:head{j}")  # fmt: skip
         scores = canvas.matrix(
             x_scores,
             top,
             T,
             S,
             ROLE_COLOURS["weights"],
-            label=r"QK^\top",
             shape=(T, S),
             grid=grid,
             gid=f"scores{i}",
         )
+        over = (w.num_heads - 1) * stack  # the label goes above the whole stack
+        label_y = top - over - canvas.inch(0.06)
+        canvas.text(x_scores + (S + over) / 2, label_y, math(r"Q_i K_i^\top"), va="bottom", size=1.15,
+                    gid=f"scores{i}:label")  # fmt: skip
+        canvas.text(
+            x_scores + S / 2, scores["bottom"] + scale.below,
+            f"one per head: {w.num_heads}" if w.num_heads > 1 else "one head", va="top", size=0.8,
+            gid=f"scores{i}:heads",
+        )  # fmt: skip
         y += q_h
         # K and V rows: the one encoder output through this layer's W^K and W^V.
         k_box: dict[str, float] = {}
@@ -360,10 +377,9 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
             if role == "k":
                 k_box = box
             y += kv_h[i]
-        # K meets Q in the scores: an arrow from K up to the scores' shape label.
-        canvas.arrow(
-            k_box["right"] + 0.3, k_box["y"] + S / 2, scores["x"] + S / 2, scores["bottom"] + scale.below
-        )
+        # K meets Q in the scores: an arrow from K up to the line under the scores' shape label.
+        under = scores["bottom"] + scale.below + heads_h
+        canvas.arrow(k_box["right"] + 0.3, k_box["y"] + S / 2, scores["x"] + S / 2, under)
     _line(canvas, [enc_box["x"], bus_x, bus_x], [enc_box["y"] + S / 2, enc_box["y"] + S / 2, branches[-1]])
     if len(weights) > len(drawn):
         more = len(weights) - len(drawn)
