@@ -201,7 +201,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     ``enc × W^V = V``, each W that layer's own, with white lines between heads;
     then Q and K meet in the T × S scores, T queries against S keys, one map
     per head (``Q_i K_i^T``, drawn as a stack). The layer is a superscript:
-    ``dec^(1)`` is what decoder layer 1 reads, the states decoder layer 0 wrote.
+    ``dec^(1)`` is the decoder's states as they reach layer 1's cross-attention, built on layer 0's output.
     The sizes are read from the objects passed.
 
     Parameters
