@@ -295,8 +295,7 @@ class AbacusSpellingTask:
 
     See Also
     --------
-    qkv.models.TinyEncoderDecoder : the model the chapter trains on it.
-    :doc:`cross_attention` : the task, and where a trained cross-attention looks.
+    qkv.data.AbacusBeadOrderTask : the same words, rods read fewest one-beads first (the chapter's task).
 
     Examples
     --------
