@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -119,3 +120,16 @@ def test_setup_keeps_the_no_cuda_runtime_line_out(monkeypatch, capfd, caplog, tm
     importlib.import_module("torch.utils.cpp_extension")  # a chapter imports it later
     assert capfd.readouterr() == ("", "")
     assert "No CUDA runtime" not in caplog.text
+
+
+def test_setup_silences_only_keras_30s_einsumdense_mask_warning():
+    message = (
+        "Layer 'key' (of type EinsumDense) was passed an input with a mask attached to it. However, this "
+        "layer does not support masking and will therefore destroy the mask information."
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qkv.setup()
+        warnings.warn(message, UserWarning, stacklevel=1)
+        warnings.warn("Layer 'key' (of type Dense) was passed an input with a mask", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["Layer 'key' (of type Dense) was passed an input with a mask"]

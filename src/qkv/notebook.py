@@ -110,6 +110,10 @@ def setup(seed: int = 0) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     # transformers imports tqdm's notebook bar, which warns when ipywidgets is absent.
     warnings.filterwarnings("ignore", message="IProgress not found")
+    # Keras 3.0 warns that its EinsumDense projections drop the mask of an input that
+    # carries one; the attention layer has read that mask already. Later Keras is silent.
+    keras_mask_warning = r"Layer '\w+' \(of type EinsumDense\) was passed an input with a mask"
+    warnings.filterwarnings("ignore", message=keras_mask_warning)
     torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)
     np.set_printoptions(precision=4, suppress=True, linewidth=100)
     try:
