@@ -72,6 +72,10 @@ def test_cross_attention_draws_two_layers_to_scale_from_one_encoder_output(model
         assert f"$\\mathrm{{dec}}^{{({i})}}$" in texts
         assert {f"scores{i}:head1", f"scores{i}:head2"} <= set(matrix_names(figure))
     assert texts.count(r"$Q_i K_i^\top$") == 2 and texts.count("one per head: 3") == 2
+    for i in (0, 1):  # the weighted values of the 3 heads, through W^O, back to the decoder's width
+        assert shape_of(figure, f"heads{i}") == (T, 12) and shape_of(figure, f"out{i}") == (T, 12)
+        assert shape_of(figure, f"W^O{i}") == (12, 12)
+        assert set(colours(figure, f"W^O{i}")) == {ROLE_COLOURS["o"].lower()}
     # The one encoder output reaches W^K and W^V of both layers: four branches, each labelled enc.
     assert texts.count(r"$\mathrm{enc}$") == 1 + 4
     assert any("after its one layer:" in t for t in texts)

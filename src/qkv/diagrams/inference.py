@@ -200,7 +200,9 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     rows, every block to scale: ``dec (T, d_dec) × W^Q = Q``, ``enc × W^K = K`` and
     ``enc × W^V = V``, each W that layer's own, with white lines between heads;
     then Q and K meet in the T × S scores, T queries against S keys, one map
-    per head (``Q_i K_i^T``, drawn as a stack). The layer is a superscript:
+    per head (``Q_i K_i^T``, drawn as a stack). A fourth row finishes the layer:
+    ``heads (T, h·d_v) × W^O = out (T, d_dec)``, where head i's block is its
+    softmaxed scores times its V. The layer is a superscript:
     ``dec^(1)`` is the decoder's states as they reach layer 1's cross-attention, built on layer 0's output.
     The sizes are read from the objects passed.
 
@@ -280,14 +282,18 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     x_scores = x_out + w_cols + gap
     stack = scale.units(0.07)  # the offset between the heads' stacked score maps
     behind = (max(w.num_heads for w in drawn) - 1) * stack
-    width = max(x_scores + S + behind + scale.units(margin_in), scale.units(_MIN_WIDTH))
+    caption_x = x_out + max(w.embed_dim for w in drawn) + gap / 2  # the heads' caption, right of out
+    width = max(
+        x_scores + S + behind + scale.units(margin_in), caption_x + scale.units(1.55), scale.units(_MIN_WIDTH)
+    )
 
     title_h = scale.line * 1.4
     enc_h = scale.above + S + scale.below + scale.units(0.1)
     heads_h = scale.units(0.2)  # the line under the score maps that counts the heads
     q_h = scale.above + behind + max(T + scale.below + heads_h, d_dec) + scale.below
     kv_h = [scale.above + max(S, w.kdim) + scale.below for w in drawn]
-    layer_h = [scale.line + q_h + 2 * kv for kv in kv_h]
+    o_h = [scale.above + max(T, w.num_heads * w.d_v) + scale.below for w in drawn]  # heads × W^O = out
+    layer_h = [scale.line + q_h + 2 * kv + o for kv, o in zip(kv_h, o_h, strict=True)]
     footer_h = scale.line * 1.3 if len(weights) > len(drawn) else scale.units(0.1)
     height = title_h + enc_h + sum(layer_h) + footer_h
     canvas = _canvas(width, height, scale)
@@ -380,6 +386,27 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
         # K meets Q in the scores: an arrow from K up to the line under the scores' shape label.
         under = scores["bottom"] + scale.below + heads_h
         canvas.arrow(k_box["right"] + 0.3, k_box["y"] + S / 2, scores["x"] + S / 2, under)
+        # Each head's softmaxed scores average its rows of V; W^O joins the heads: the layer's output.
+        top = y + scale.above
+        hv = w.num_heads * w.d_v
+        heads_box = canvas.matrix(x_in, top, T, hv, _lighter(ROLE_COLOURS["v"]),
+                                  label=rf"\mathrm{{heads}}^{{({i})}}", shape=(T, hv), grid=grid,
+                                  gid=f"heads{i}")  # fmt: skip
+        _head_dividers(canvas, heads_box, w.d_v)
+        middle = top + min(T, hv) / 2
+        canvas.operator(x_w - gap / 2, middle, "×")
+        canvas.matrix(x_w, top, hv, w.embed_dim, ROLE_COLOURS["o"], label=rf"W^{{O\,({i})}}",
+                      shape=(hv, w.embed_dim), grid=grid, gid=f"W^O{i}")  # fmt: skip
+        canvas.operator(x_out - gap / 2, middle, "=")
+        canvas.matrix(x_out, top, T, w.embed_dim, ROLE_COLOURS["x"], label=rf"\mathrm{{out}}^{{({i})}}",
+                      shape=(T, w.embed_dim), grid=grid, gid=f"out{i}")  # fmt: skip
+        canvas.text(
+            caption_x, middle,
+            "heads: for each head $i$,\n"
+            "$\\mathrm{softmax}(Q_i K_i^\\top / \\sqrt{d_k})\\, V_i$,\nside by side",
+            ha="left", size=0.8, gid=f"heads{i}:caption",
+        )  # fmt: skip
+        y += o_h[i]
     _line(canvas, [enc_box["x"], bus_x, bus_x], [enc_box["y"] + S / 2, enc_box["y"] + S / 2, branches[-1]])
     if len(weights) > len(drawn):
         more = len(weights) - len(drawn)
