@@ -264,3 +264,60 @@ def test_from_llama_errors():
     llama.scaling = 0.1
     with pytest.raises(ValueError, match=r"scales its scores by 0.1, not 1/sqrt\(head_dim\)"):
         interop.from_llama(llama)
+
+
+# --- Packed Q/K/V layouts: stacked (PyTorch, nanoGPT) and interleaved per head ----------------
+
+
+def uva_style_attention(x, weight, bias, num_heads):
+    """Self-attention with an interleaved packed projection, as the UvA tutorial's qkv_proj reads it."""
+    batch, length, _ = x.shape
+    packed = nn.functional.linear(x, weight, bias).reshape(batch, length, num_heads, -1)  # (B, T, h, 3·d)
+    q, k, v = packed.permute(0, 2, 1, 3).chunk(3, dim=-1)  # (B, h, T, d) each
+    heads = nn.functional.scaled_dot_product_attention(q, k, v)  # (B, h, T, d)
+    return heads.transpose(1, 2).reshape(batch, length, -1)  # (B, T, h·d)
+
+
+def stacked_style_attention(x, weight, bias, num_heads):
+    """The same with a stacked packed projection, as PyTorch and nanoGPT read it."""
+    q, k, v = (qkv.split_heads(t, num_heads) for t in nn.functional.linear(x, weight, bias).chunk(3, -1))
+    return qkv.merge_heads(nn.functional.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.parametrize(("num_heads", "d"), [(3, 4), (2, 5), (1, 6)])
+def test_packed_layouts_convert_and_compute_the_same_attention(num_heads, d):
+    g = torch.Generator().manual_seed(1)
+    d_in = 7  # != h·d
+    weight = torch.randn(3 * num_heads * d, d_in, generator=g, dtype=torch.float64)
+    bias = torch.randn(3 * num_heads * d, generator=g, dtype=torch.float64)
+    x = torch.randn(2, 5, d_in, generator=g, dtype=torch.float64)
+    interleaved_w = interop.stacked_to_interleaved(weight, num_heads)
+    interleaved_b = interop.stacked_to_interleaved(bias, num_heads)
+    expected = stacked_style_attention(x, weight, bias, num_heads)
+    torch.testing.assert_close(uva_style_attention(x, interleaved_w, interleaved_b, num_heads), expected)
+    torch.testing.assert_close(interop.interleaved_to_stacked(interleaved_w, num_heads), weight)
+    torch.testing.assert_close(interop.interleaved_to_stacked(interleaved_b, num_heads), bias)
+    if num_heads > 1:  # loading one layout into the other is silent, and wrong
+        unconverted = uva_style_attention(x, weight, bias, num_heads)
+        assert unconverted.shape == expected.shape
+        assert not torch.allclose(unconverted, expected)
+
+
+def test_packed_layouts_put_each_row_where_its_role_and_head_say():
+    h, d = 3, 2
+    # Stacked rows, labelled role·100 + head·10 + feature:
+    labels = torch.tensor([float(r * 100 + i * 10 + f) for r in range(3) for i in range(h) for f in range(d)])
+    interleaved = interop.stacked_to_interleaved(labels, h)
+    expected = [float(r * 100 + i * 10 + f) for i in range(h) for r in range(3) for f in range(d)]
+    assert interleaved.tolist() == expected
+    assert interleaved.data_ptr() != labels.data_ptr()  # a new tensor
+
+
+def test_packed_layouts_reject_what_is_not_packed():
+    message = r"must hold Q, K and V for 2 heads, a multiple of 3 · num_heads = 6"
+    with pytest.raises(ValueError, match=message):
+        interop.interleaved_to_stacked(torch.zeros(8, 4), 2)
+    with pytest.raises(TypeError, match=r"packed must be a torch\.Tensor, got list"):
+        interop.stacked_to_interleaved([1.0, 2.0, 3.0], 1)
+    with pytest.raises(ValueError, match="num_heads must be positive, got 0"):
+        interop.stacked_to_interleaved(torch.zeros(6), 0)

@@ -25,9 +25,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv._validation import require_positive_int, require_tensor, shape_str
 from qkv.heads import HeadWeights
 
-__all__ = ["from_bert", "from_keras", "from_llama", "from_torch", "to_torch"]
+__all__ = [
+    "from_bert",
+    "from_keras",
+    "from_llama",
+    "from_torch",
+    "interleaved_to_stacked",
+    "stacked_to_interleaved",
+    "to_torch",
+]
 
 
 def _cut_rows(weight: Tensor, num_heads: int) -> Tensor:
@@ -401,3 +410,101 @@ def from_llama(module: Any) -> HeadWeights:
         )
     bias = all(with_bias)
     return _from_linears(module.q_proj, module.k_proj, module.v_proj, module.o_proj, h, h_kv, bias)
+
+
+def _packed_blocks(name: str, packed: object, num_heads: object) -> tuple[Tensor, int, int]:
+    """Validate a packed Q/K/V weight or bias; return it, h and d (the features per head)."""
+    tensor = require_tensor(name, packed, min_ndim=1, layout="(3·h·d, ...)")
+    h = require_positive_int("num_heads", num_heads)
+    rows = tensor.shape[0]
+    if rows % (3 * h):
+        raise ValueError(
+            f"{name} has shape {shape_str(tensor.shape)}: its first axis ({rows}) must hold Q, K and V "
+            f"for {h} heads, a multiple of 3 · num_heads = {3 * h}"
+        )
+    return tensor, h, rows // (3 * h)
+
+
+def interleaved_to_stacked(packed: Tensor, num_heads: int) -> Tensor:
+    """Reorder a packed Q/K/V projection from per-head interleaved to stacked Q; K; V.
+
+    A packed projection ``nn.Linear(d_in, 3·h·d)`` makes Q, K and V in one
+    product; libraries disagree on the order of its 3·h·d output features.
+    PyTorch's ``in_proj_weight`` and nanoGPT's ``c_attn`` *stack* them: all of
+    Q (h·d features, head by head), then all of K, then all of V, and the code
+    cuts the output with ``chunk(3, dim=-1)``. Other code (the UvA deep
+    learning tutorial's ``qkv_proj``) *interleaves* them per head: head 0's q,
+    k, v (d features each), then head 1's, and cuts with
+    ``reshape(B, T, h, 3·d)`` then ``chunk(3, dim=-1)``. Loading one layout
+    into code written for the other raises nothing, every shape being the
+    same, and computes another function. This returns the stacked order.
+
+    Parameters
+    ----------
+    packed : Tensor, shape (3·h·d, ...)
+        The weight of the packed ``nn.Linear``, (3·h·d, d_in), or its bias,
+        (3·h·d,): the output features come first, as ``nn.Linear`` stores them.
+    num_heads : int
+        h.
+
+    Returns
+    -------
+    Tensor, shape (3·h·d, ...)
+        A new tensor with the same rows, in the order Q (heads 0..h-1), K, V.
+
+    See Also
+    --------
+    stacked_to_interleaved : the inverse.
+    :doc:`heads` : the two packed layouts, and the silent bug of mixing them,
+        section "Packed layouts".
+
+    Examples
+    --------
+    >>> import torch
+    >>> from qkv.interop import interleaved_to_stacked
+    >>> # 2 heads of 1 feature: rows q0 k0 v0 q1 k1 v1, labelled 0..5
+    >>> interleaved_to_stacked(torch.arange(6.0), 2).tolist()
+    [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+    """
+    tensor, h, d = _packed_blocks("packed", packed, num_heads)
+    rest = tensor.shape[1:]
+    by_head = tensor.reshape(h, 3, d, *rest)  # (h, 3, d, ...): head, then q/k/v
+    return by_head.transpose(0, 1).reshape(tensor.shape).clone()  # (3·h·d, ...)
+
+
+def stacked_to_interleaved(packed: Tensor, num_heads: int) -> Tensor:
+    """Reorder a packed Q/K/V projection from stacked Q; K; V to per-head interleaved.
+
+    The inverse of :func:`interleaved_to_stacked`: from PyTorch's and nanoGPT's
+    order (all of Q, then K, then V) to one where each head's q, k and v are
+    next to each other (head 0's q, k, v, then head 1's, ...).
+
+    Parameters
+    ----------
+    packed : Tensor, shape (3·h·d, ...)
+        A packed weight (3·h·d, d_in) or bias (3·h·d,) in the stacked order.
+    num_heads : int
+        h.
+
+    Returns
+    -------
+    Tensor, shape (3·h·d, ...)
+        A new tensor with the same rows, head by head, q, k, v within each head.
+
+    See Also
+    --------
+    interleaved_to_stacked : the inverse.
+    :doc:`heads` : the two packed layouts, section "Packed layouts".
+
+    Examples
+    --------
+    >>> import torch
+    >>> from qkv.interop import stacked_to_interleaved
+    >>> # 2 heads of 1 feature: rows q0 q1 k0 k1 v0 v1, labelled 0..5
+    >>> stacked_to_interleaved(torch.arange(6.0), 2).tolist()
+    [0.0, 2.0, 4.0, 1.0, 3.0, 5.0]
+    """
+    tensor, h, d = _packed_blocks("packed", packed, num_heads)
+    rest = tensor.shape[1:]
+    by_role = tensor.reshape(3, h, d, *rest)  # (3, h, d, ...): q/k/v, then head
+    return by_role.transpose(0, 1).reshape(tensor.shape).clone()  # (3·h·d, ...)
