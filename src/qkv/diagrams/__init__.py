@@ -21,6 +21,7 @@ from qkv.diagrams._draw import (
 from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, reshape
 from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
+from qkv.diagrams.roles import data_flow
 
 __all__ = [
     "HEAD_COLOURS",
@@ -30,6 +31,7 @@ __all__ = [
     "attention_map",
     "cells",
     "cross_attention",
+    "data_flow",
     "decoding_step",
     "heads_from_one_matrix",
     "matrix_names",

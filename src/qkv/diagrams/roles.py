@@ -1,0 +1,191 @@
+"""The three meanings of Q, K and V in one picture: inputs, learned weights, products.
+
+See also
+--------
+The chapter :doc:`terminology` (book/terminology.ipynb).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from qkv._validation import require_size
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    FONT,
+    ROLE_COLOURS,
+    TEXT_COLOUR,
+    as_matrix,
+    batch_first_of,
+    head_weights,
+    math,
+    require_matplotlib,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["data_flow"]
+
+#: The names ``code`` may give a library name to.
+NAMES = ("X", "X_K", "X_V", "W^Q", "W^K", "W^V", "Q", "K", "V", "output")
+
+# Inches: the figure's width, a column's width and the gap between columns.
+_WIDTH, _BOX, _GAP = 7.0, 1.45, 0.28
+_ROW, _BOX_HEIGHT = 0.95, 0.78  # a row's height and a box's
+
+
+def _shape(*sizes: int | str) -> str:
+    return "(" + ", ".join(str(s) for s in sizes) + ")"
+
+
+def data_flow(
+    x: object,
+    layer: object,
+    *,
+    key: object | None = None,
+    value: object | None = None,
+    code: Mapping[str, str] | None = None,
+) -> Figure:
+    """Input, learned weights and products, in four columns: X → W^Q, W^K, W^V → Q, K, V → attention.
+
+    Not to scale: each object is a box with its name, its shape read from the
+    objects passed, and (optionally) what a library calls it. The columns say
+    which objects are computed for every input (the inputs and the products) and
+    which are learned and stored in the model (the weights). In self-attention one
+    input X feeds all three weight matrices; pass ``key`` (and ``value``) for
+    cross-attention.
+
+    Parameters
+    ----------
+    x : Tensor, shape (T, d_model) or a batch (B, T, d_model)
+        The query input (of a batch, the first sequence's shape is drawn).
+    layer : HeadWeights or a multi-head module
+        Where W^Q, W^K and W^V come from (``to_heads()`` is called on a module).
+    key, value : Tensor, shape (S, kdim) and (S, vdim), optional
+        The key and value inputs; default ``x`` (self-attention) and ``key``.
+    code : mapping of str to str, optional
+        A library's name for some of the objects, written under their boxes: keys
+        among ``"X"``, ``"X_K"``, ``"X_V"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``,
+        ``"Q"``, ``"K"``, ``"V"`` and ``"output"``.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> mha = qkv.MultiHeadAttention(12, 3)
+    >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha)
+    >>> [t for t in qkv.diagrams.texts_of(figure) if t.startswith("(")][:3]
+    ['(5, 12)', '(12, 3·4)', '(5, 3·4)']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    weights = head_weights(layer)
+    first = batch_first_of(layer)
+    x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=first)
+    require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
+    if value is not None and key is None:
+        raise ValueError("value= needs key= as well: the keys and values come from the same positions")
+    for name, width in (("key", weights.kdim), ("value", weights.vdim)):
+        if key is None and width != weights.embed_dim:
+            raise ValueError(
+                f"the layer's {'kdim' if name == 'key' else 'vdim'} is {width}, not d_model = "
+                f"{weights.embed_dim}: pass key= (S, kdim) and value= (S, vdim), the inputs it reads"
+            )
+    k2 = x2 if key is None else as_matrix("key", key, layout="(S, kdim)", batch_first=first)
+    v2 = k2 if value is None else as_matrix("value", value, layout="(S, vdim)", batch_first=first)
+    require_size("key", k2, 1, weights.kdim, "features", "the layer's kdim")
+    require_size("value", v2, 1, weights.vdim, "features", "the layer's vdim")
+    if k2.shape[0] != v2.shape[0]:
+        raise ValueError(f"key has {k2.shape[0]} positions but value has {v2.shape[0]}: they must match")
+    names = dict(code or {})
+    unknown = sorted(set(names) - set(NAMES))
+    if unknown:
+        raise ValueError(f"code has names {unknown} that the picture does not draw; it draws {list(NAMES)}")
+
+    h, h_kv, d_k, d_v = weights.num_heads, weights.num_kv_heads, weights.d_k, weights.d_v
+    self_attention = key is None and value is None
+    inputs: list[tuple[str, torch.Tensor, tuple[int, ...]]]
+    inputs = [("X", x2, (0, 1, 2))] if self_attention else [("X", x2, (0,)), ("X_K", k2, (1, 2))]
+    if value is not None:
+        inputs = [("X", x2, (0,)), ("X_K", k2, (1,)), ("X_V", v2, (2,))]
+    T, S = x2.shape[0], k2.shape[0]
+    rows = [  # (role, weight, its shape, product, its shape)
+        ("q", "W^Q", _shape(weights.embed_dim, f"{h}·{d_k}"), "Q", _shape(T, f"{h}·{d_k}")),
+        ("k", "W^K", _shape(weights.kdim, f"{h_kv}·{d_k}"), "K", _shape(S, f"{h_kv}·{d_k}")),
+        ("v", "W^V", _shape(weights.vdim, f"{h_kv}·{d_v}"), "V", _shape(S, f"{h_kv}·{d_v}")),
+    ]
+
+    height = 0.75 + 3 * _ROW + 0.1
+    figure = Figure(figsize=(_WIDTH, height), dpi=100)
+    ax: Axes = figure.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set_xlim(0, _WIDTH)
+    ax.set_ylim(height, 0)  # y grows downwards: Q on top
+    ax.axis("off")
+    left = (_WIDTH - 4 * _BOX - 3 * _GAP) / 2
+    column = [left + i * (_BOX + _GAP) for i in range(4)]
+    headers = [
+        ("input", "computed per sequence"),
+        ("weights", "learned, stored"),
+        ("products", "computed, not stored"),
+        ("attention", "every head, side by side"),
+    ]
+    for x0, (title, subtitle) in zip(column, headers, strict=True):
+        ax.text(x0 + _BOX / 2, 0.2, title, ha="center", va="center", fontsize=FONT, weight="bold",
+                color=TEXT_COLOUR)  # fmt: skip
+        ax.text(x0 + _BOX / 2, 0.45, subtitle, ha="center", va="center", fontsize=FONT * 0.75,
+                color=TEXT_COLOUR)  # fmt: skip
+
+    def row_top(i: float) -> float:
+        return 0.7 + i * _ROW + (_ROW - _BOX_HEIGHT) / 2
+
+    def box(x0: float, top: float, bottom: float, colour: str, label: str, shape: str, gid: str) -> None:
+        from matplotlib.colors import to_rgba
+        from matplotlib.patches import FancyBboxPatch
+
+        ax.add_patch(
+            FancyBboxPatch((x0, top), _BOX, bottom - top, boxstyle="round,pad=0,rounding_size=0.06",
+                           facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=gid)
+        )  # fmt: skip
+        middle = (top + bottom) / 2
+        title = label if label == "output" else math(label)
+        lines: list[tuple[str, float, str | None]] = [(title, FONT * 1.05, None), (shape, FONT * 0.85, None)]
+        if gid in names:
+            lines.append((names[gid], FONT * 0.75, "monospace"))
+        elif gid == "output":
+            lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})\,V_i$", FONT * 0.75, None))
+        offsets = {1: [0.0], 2: [-0.12, 0.13], 3: [-0.22, 0.02, 0.24]}[len(lines)]
+        for (text, size, family), offset in zip(lines, offsets, strict=True):
+            ax.text(x0 + _BOX / 2, middle + offset, text, ha="center", va="center", fontsize=size,
+                    color=TEXT_COLOUR, family=family)  # fmt: skip
+
+    def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops={"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0,
+                                "shrinkA": 0, "shrinkB": 0})  # fmt: skip
+
+    centre = {i: row_top(i) + _BOX_HEIGHT / 2 for i in range(3)}
+    for name, tensor, fed in inputs:
+        top, bottom = row_top(min(fed)), row_top(max(fed)) + _BOX_HEIGHT
+        if len(fed) == 3:  # one X for the three rows: a box of one row's height, in the middle
+            top, bottom = row_top(1), row_top(1) + _BOX_HEIGHT
+        box(column[0], top, bottom, ROLE_COLOURS["x"], name, _shape(*tensor.shape), name)
+        for i in fed:
+            arrow(column[0] + _BOX, (top + bottom) / 2, column[1], centre[i])
+    for i, (role, w_name, w_shape, p_name, p_shape) in enumerate(rows):
+        top = row_top(i)
+        box(column[1], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], w_name, w_shape, w_name)
+        arrow(column[1] + _BOX, centre[i], column[2], centre[i])
+        box(column[2], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], p_name, p_shape, p_name)
+        arrow(column[2] + _BOX, centre[i], column[3], centre[1])
+    out_shape = _shape(T, f"{h}·{d_v}")
+    box(column[3], row_top(1), row_top(1) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "output", out_shape,
+        "output")  # fmt: skip
+    return figure

@@ -1,0 +1,75 @@
+"""qkv.diagrams.data_flow: inputs, learned weights and products, read back from the figure."""
+
+from __future__ import annotations
+
+import matplotlib
+import pytest
+import torch
+
+import qkv
+from qkv.diagrams import ROLE_COLOURS, texts_of
+
+matplotlib.use("Agg")
+
+
+def _edge(figure, gid: str) -> str:
+    from matplotlib.colors import to_hex
+
+    (patch,) = qkv.diagrams.patches_by_gid(figure, gid)
+    return to_hex(patch.get_edgecolor())
+
+
+def test_self_attention_draws_one_input_three_weights_three_products_with_their_shapes():
+    # 6 query heads sharing 3 K/V heads, d_k = 5 != d_v = 3, T = 4, d_model = 12
+    mha = qkv.MultiHeadAttention(12, 6, d_k=5, d_v=3, num_kv_heads=3)
+    figure = qkv.diagrams.data_flow(torch.randn(2, 4, 12), mha)  # the first sequence's shape
+    texts = texts_of(figure)
+    for shape in ("(4, 12)", "(12, 6·5)", "(12, 3·5)", "(12, 3·3)", "(4, 6·5)", "(4, 3·5)", "(4, 3·3)"):
+        assert shape in texts, shape
+    assert "(4, 6·3)" in texts  # the heads' outputs side by side: h·d_v
+    assert texts.count("$X$") == 1  # self-attention: one input feeds all three
+    for label in ("$W^Q$", "$W^K$", "$W^V$", "$Q$", "$K$", "$V$"):
+        assert label in texts
+    for header in ("input", "weights", "products", "learned, stored", "computed, not stored"):
+        assert header in texts
+    for gid, role in (("W^Q", "q"), ("W^K", "k"), ("V", "v"), ("X", "x")):
+        assert _edge(figure, gid) == ROLE_COLOURS[role].lower()
+
+
+def test_cross_attention_draws_the_key_and_value_inputs_with_their_own_shapes():
+    mha = qkv.MultiHeadAttention(16, 4, kdim=10, vdim=6)
+    figure = qkv.diagrams.data_flow(torch.randn(3, 16), mha, key=torch.randn(5, 10), value=torch.randn(5, 6))
+    texts = texts_of(figure)
+    for label, shape in (("$X$", "(3, 16)"), ("$X_K$", "(5, 10)"), ("$X_V$", "(5, 6)")):
+        assert label in texts and shape in texts
+    assert "(10, 4·4)" in texts and "(6, 4·4)" in texts and "(5, 4·4)" in texts
+
+
+def test_library_names_are_written_under_their_boxes():
+    figure = qkv.diagrams.data_flow(
+        torch.randn(5, 12), qkv.MultiHeadAttention(12, 3), code={"W^Q": "query.weight.T", "Q": "query(x)"}
+    )
+    texts = texts_of(figure)
+    assert "query.weight.T" in texts and "query(x)" in texts
+
+
+def test_bad_input_is_named():
+    mha = qkv.MultiHeadAttention(12, 3)
+    with pytest.raises(ValueError, match="x has 10 features"):
+        qkv.diagrams.data_flow(torch.randn(5, 10), mha)
+    with pytest.raises(ValueError, match=r"code has names \['W_Q'\]"):
+        qkv.diagrams.data_flow(torch.randn(5, 12), mha, code={"W_Q": "query"})
+    with pytest.raises(ValueError, match="value= needs key="):
+        qkv.diagrams.data_flow(torch.randn(5, 12), mha, value=torch.randn(5, 12))
+    with pytest.raises(ValueError, match="kdim is 10, not d_model = 12"):
+        qkv.diagrams.data_flow(torch.randn(5, 12), qkv.MultiHeadAttention(12, 3, kdim=10, vdim=10))
+    with pytest.raises(ValueError, match="key has 5 positions but value has 4"):
+        qkv.diagrams.data_flow(torch.randn(5, 12), mha, key=torch.randn(5, 12), value=torch.randn(4, 12))
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
+        qkv.diagrams.data_flow([[1.0]], mha)
+
+
+def test_the_figure_fits_the_column_and_prints_nothing(capsys):
+    figure = qkv.diagrams.data_flow(torch.randn(5, 12), qkv.MultiHeadAttention(12, 3))
+    assert figure.get_size_inches()[0] <= 7.0
+    assert capsys.readouterr().out == ""
