@@ -18,6 +18,7 @@ from qkv.diagrams._draw import (
     patches_by_gid,
     texts_of,
 )
+from qkv.diagrams.backward import backward_paths
 from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, reshape
 from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
@@ -29,6 +30,7 @@ __all__ = [
     "ROLE_COLOURS",
     "Cells",
     "attention_map",
+    "backward_paths",
     "cells",
     "cross_attention",
     "data_flow",
