@@ -302,3 +302,26 @@ def test_attention_map_masks_in_runs_and_names_bad_arguments():
         qkv.diagrams.attention_map(torch.rand(2, 3), vmax=-1)
     with pytest.raises(TypeError, match="title must be a str, got int"):
         qkv.diagrams.attention_map(torch.rand(2, 3), title=5)
+
+
+def test_attention_map_annotates_the_cells_the_mask_allows_and_leaves_masked_cells_blank():
+    T = 4
+    mask = qkv.causal_mask(T)  # (T, T), True = may attend
+    weights = torch.softmax(torch.randn(T, T).masked_fill(~mask, float("-inf")), dim=-1)
+    figure = attention_map(weights, mask, annotate=True)
+    written = qkv.diagrams.cells(figure, "map").text
+    expected = [[f"{weights[t, s]:.2f}" if mask[t, s] else "" for s in range(T)] for t in range(T)]
+    assert written == expected  # every allowed cell its weight, every masked cell blank
+    ax = figure.axes[0]
+    drawn = {(round(text.get_position()[1]), round(text.get_position()[0])): text for text in ax.texts}
+    assert {cell: text.get_text() for cell, text in drawn.items()} == {
+        (t, s): expected[t][s] for t in range(T) for s in range(T) if mask[t, s]
+    }
+    assert drawn[(0, 0)].get_color() == "black"  # weight 1, the scale's bright end: dark ink
+    faint = min(((t, s) for t in range(T) for s in range(T) if mask[t, s]), key=lambda c: weights[c])
+    assert drawn[faint].get_color() == "white"  # the smallest weight, on the dark end: white ink
+    plain = attention_map(weights, mask)  # annotate=False by default: nothing written
+    assert len(plain.axes[0].texts) == 0
+    assert not any(any(row) for row in qkv.diagrams.cells(plain, "map").text)
+    with pytest.raises(TypeError, match="annotate must be a bool, got str"):
+        attention_map(weights, mask, annotate="yes")

@@ -725,6 +725,7 @@ def attention_map(
     head: int | None = None,
     sequence: int = 0,
     vmax: float | None = None,
+    annotate: bool = False,
 ) -> Figure:
     """An attention map with its mask: one row per query, one column per key, masked cells hatched.
 
@@ -760,13 +761,17 @@ def attention_map(
     vmax : float, optional
         The top of the colour scale; default the largest weight among the cells
         the mask allows (the scale starts at 0).
+    annotate : bool
+        Write each weight, to two decimals, in its cell (for small maps). A masked
+        cell stays blank: it holds no weight to read.
 
     Returns
     -------
     matplotlib.figure.Figure
         The map and its colour bar. ``qkv.diagrams.cells(figure, "map")`` reads it
-        back: each cell's colour (``MASKED_COLOUR`` where masked) and whether it is
-        hatched; the hatching is one collection with gid ``"map:masked"``.
+        back: each cell's colour (``MASKED_COLOUR`` where masked), whether it is
+        hatched and the text written in it; the hatching is one collection with gid
+        ``"map:masked"``.
 
     See Also
     --------
@@ -834,6 +839,8 @@ def attention_map(
         raise TypeError(f"title must be a str, got {type(title).__name__}")
     if vmax is not None and (isinstance(vmax, bool) or not isinstance(vmax, (int, float)) or not vmax > 0):
         raise ValueError(f"vmax must be a positive number or None, got {vmax!r}")
+    if not isinstance(annotate, bool):
+        raise TypeError(f"annotate must be a bool, got {type(annotate).__name__}")
     for name, labels, size, what in (("queries", queries, T, "query"), ("keys", keys, S, "key")):
         if labels is not None and len(labels) != size:
             raise ValueError(f"{name} has {len(labels)} labels, but the weights have {size} {what} positions")
@@ -889,7 +896,14 @@ def attention_map(
         [MASKED_COLOUR if blocked[t, s] else "#{:02x}{:02x}{:02x}".format(*rgb[t, s]) for s in range(S)]
         for t in range(T)
     ]
-    register_cells(figure, "map", Cells(shown, blocked.tolist(), [[""] * S for _ in range(T)], (-0.5, -0.5)))
+    written = [  # the text in each cell: its weight, when annotating; a masked cell holds none
+        ["" if blocked[t, s] or not annotate else f"{array[t, s]:.2f}" for s in range(S)] for t in range(T)
+    ]
+    for t, s in np.ndindex(T, S):
+        if written[t][s]:  # dark ink on the colour map's bright end, white on its dark end
+            ink = "black" if norm(array[t, s]) > 0.6 else "white"
+            ax.text(s, t, written[t][s], ha="center", va="center", color=ink, fontsize=_FONT - 2)
+    register_cells(figure, "map", Cells(shown, blocked.tolist(), written, (-0.5, -0.5)))
     _label_map_axis(ax, "x", keys, S, "key", cell)
     _label_map_axis(ax, "y", queries, T, "query", cell)
     if title:
