@@ -183,3 +183,28 @@ def test_multi_head_labels_only_the_ends_when_heads_are_many():
     texts = qkv.diagrams.texts_of(qkv.diagrams.multi_head(qkv.MultiHeadAttention(64, 16), torch.randn(5, 64)))
     heads = [t for t in texts if "head" in t and "Concat" not in t]
     assert len(heads) == 2, heads  # head_1 and head_16, not sixteen overlapping labels
+
+
+def test_packed_layouts_colour_each_feature_by_role_and_number_it_by_head():
+    from qkv.diagrams.heads import packed_layouts
+
+    h, d = 3, 2
+    figure = packed_layouts(h, d)
+    q, k, v = (ROLE_COLOURS[r].lower() for r in ("q", "k", "v"))
+    stacked = [(role, str(i + 1)) for role in (q, k, v) for i in range(h) for _ in range(d)]
+    interleaved = [(role, str(i + 1)) for i in range(h) for role in (q, k, v) for _ in range(d)]
+    for name, expected in (("stacked", stacked), ("interleaved", interleaved)):
+        drawn = list(zip(grid(figure, name)[0], numbers(figure, name)[0], strict=True))
+        assert drawn == expected, name
+    texts = texts_of(figure)
+    assert {"all of Q", "all of K", "all of V", "head 3: q, k, v"} <= set(texts)
+    assert "head 4: q, k, v" not in texts
+
+
+def test_packed_layouts_reject_bad_sizes():
+    from qkv.diagrams.heads import packed_layouts
+
+    with pytest.raises(ValueError, match="num_heads must be positive, got 0"):
+        packed_layouts(0, 2)
+    with pytest.raises(ValueError, match=r"3 · num_heads · d_k = 3 · 8 · 8 = 192 is more than 96"):
+        packed_layouts(8, 8)

@@ -20,7 +20,7 @@ from qkv.diagrams._draw import (
 )
 from qkv.diagrams.backward import backward_paths
 from qkv.diagrams.flow import projection
-from qkv.diagrams.heads import heads_from_one_matrix, multi_head, reshape
+from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
 from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
 from qkv.diagrams.roles import data_flow
 
@@ -38,6 +38,7 @@ __all__ = [
     "heads_from_one_matrix",
     "matrix_names",
     "multi_head",
+    "packed_layouts",
     "patches_by_gid",
     "projection",
     "reshape",

@@ -1,4 +1,5 @@
-"""Head diagrams: one big W^Q cut into heads, the reshape into heads, and the heads merged by W^O.
+"""Head diagrams: one big W^Q cut into heads, the reshape into heads, the heads merged by W^O,
+and the two orders of a packed Q/K/V projection.
 
 See also
 --------
@@ -26,7 +27,7 @@ from qkv.diagrams._draw import (
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["heads_from_one_matrix", "multi_head", "reshape"]
+__all__ = ["heads_from_one_matrix", "multi_head", "packed_layouts", "reshape"]
 
 # Inches that do not shrink with the cells: between blocks, for a label above a block and a
 # shape below it, for the title, and for a line of text.
@@ -387,4 +388,96 @@ def multi_head(layer: object, x: object) -> Figure:
     canvas.operator(x_out - gap / 2, concat_top + T / 2, "=")
     canvas.matrix(x_out, concat_top, T, d_model, ROLE_COLOURS["o"], label="\\mathrm{output}",
                   shape=(T, d_model), gid="output")  # fmt: skip
+    return canvas.figure
+
+
+#: The most output features :func:`packed_layouts` draws (each is numbered).
+MAX_PACKED_FEATURES = 96
+
+
+def packed_layouts(num_heads: int, d_k: int) -> Figure:
+    """The output features of a packed Q/K/V projection, stacked and interleaved per head.
+
+    A packed ``nn.Linear(d_in, 3·h·d_k)`` makes Q, K and V in one product. Each
+    of its 3·h·d_k output features (a row of its weight) is drawn as a cell
+    coloured by its role (Q blue, K vermillion, V green) and numbered with its
+    head, from 1. The top strip is the *stacked* order of PyTorch's
+    ``in_proj_weight`` and nanoGPT's ``c_attn`` (all of Q, then K, then V, cut
+    with ``chunk(3, dim=-1)``); the bottom strip the *interleaved* order of code
+    that reshapes to ``(B, T, h, 3·d_k)`` before chunking (each head's q, k, v
+    together). The bottom strip is computed from the top one by
+    :func:`qkv.interop.stacked_to_interleaved`, so the picture is what the
+    conversion does. Under each strip, the blocks the code cuts are named.
+
+    Parameters
+    ----------
+    num_heads : int
+        h.
+    d_k : int
+        The features per head (of each of q, k and v).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The strips are named ``"stacked"`` and ``"interleaved"`` (for
+        :func:`qkv.diagrams.cells`: colours and numbers, cell by cell).
+
+    See Also
+    --------
+    qkv.interop.stacked_to_interleaved : the conversion drawn.
+    :doc:`heads` : the silent bug of loading one order into the other, section "Packed layouts".
+
+    Examples
+    --------
+    >>> import qkv
+    >>> from qkv.diagrams.heads import packed_layouts
+    >>> figure = packed_layouts(2, 1)
+    >>> qkv.diagrams.cells(figure, "stacked").text
+    [['1', '2', '1', '2', '1', '2']]
+    >>> qkv.diagrams.cells(figure, "interleaved").text
+    [['1', '1', '1', '2', '2', '2']]
+    """
+    from qkv.interop import stacked_to_interleaved
+
+    h = require_positive_int("num_heads", num_heads)
+    d = require_positive_int("d_k", d_k)
+    width = 3 * h * d
+    if width > MAX_PACKED_FEATURES:
+        raise ValueError(
+            f"packed_layouts draws and numbers every feature: 3 · num_heads · d_k = 3 · {h} · {d} = "
+            f"{width} is more than {MAX_PACKED_FEATURES}; pass smaller sizes (the order is the same at "
+            "any size)"
+        )
+    # Each feature holds its role and head, as role · h + head; the interleaved order by the conversion.
+    stacked = torch.arange(3 * h).repeat_interleave(d)  # (3·h·d,): role · h + head
+    interleaved = stacked_to_interleaved(stacked.double(), h).long()  # (3·h·d,)
+    role_colours = [ROLE_COLOURS[r] for r in ("q", "k", "v")]
+
+    heading, under, gap = 0.32, 0.42, 0.25  # inches: a strip's heading, the names under it, between
+    canvas = Canvas(width, 2, extra_width=0.3, extra_height=_TITLE + 2 * (heading + under) + gap)
+    x = canvas.inch(0.15)
+    canvas.title("Packed Q/K/V outputs: colour = Q, K or V, number = head")
+    strips = {
+        "stacked": ("Stacked (PyTorch in_proj_weight, nanoGPT c_attn): chunk(3)", stacked),
+        "interleaved": ("Interleaved per head: view(B, T, h, 3·d_k), then chunk(3)", interleaved),
+    }
+    for k, (name, (title, codes)) in enumerate(strips.items()):
+        top = canvas.inch(_TITLE + heading + k * (heading + under + gap))
+        canvas.text(x, top - canvas.inch(0.08), title, ha="left", va="bottom", weight="bold", size=0.9)
+        colours = [[role_colours[int(c) // h] for c in codes]]
+        numbers = [[str(int(c) % h + 1) for c in codes]]
+        canvas.matrix(x, top, 1, width, EDGE_COLOUR, cell_colours=colours, cell_text=numbers, gid=name)
+        # The blocks the code cuts: thirds (Q, K, V) when stacked, heads when interleaved.
+        blocks = (
+            ["all of Q", "all of K", "all of V"]
+            if name == "stacked"
+            else [f"head {i + 1}: q, k, v" for i in range(h)]
+        )
+        size = width / len(blocks)
+        for b, label in enumerate(blocks):
+            left, right = x + b * size, x + (b + 1) * size
+            y = top + 1 + canvas.inch(0.08)
+            canvas.ax.plot([left + 0.1, left + 0.1, right - 0.1, right - 0.1], [y - 0.2, y, y, y - 0.2],
+                           color=EDGE_COLOUR, linewidth=0.8)  # fmt: skip
+            canvas.text((left + right) / 2, y + canvas.inch(0.04), label, va="top", size=0.8)
     return canvas.figure
