@@ -30,7 +30,7 @@ def test_self_attention_draws_one_input_three_weights_three_products_with_their_
     assert texts.count("$X$") == 1  # self-attention: one input feeds all three
     for label in ("$W^Q$", "$W^K$", "$W^V$", "$Q$", "$K$", "$V$"):
         assert label in texts
-    for header in ("input", "weights", "products", "learned, stored", "computed, not stored"):
+    for header in ("input", "weights", "products", "learned parameters", "computed from the input"):
         assert header in texts
     for gid, role in (("W^Q", "q"), ("W^K", "k"), ("V", "v"), ("X", "x")):
         assert _edge(figure, gid) == ROLE_COLOURS[role].lower()

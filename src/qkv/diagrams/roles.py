@@ -55,7 +55,7 @@ def data_flow(
     Not to scale: each object is a box with its name, its shape read from the
     objects passed, and (optionally) what a library calls it. The columns say
     which objects are computed for every input (the inputs and the products) and
-    which are learned and stored in the model (the weights). In self-attention one
+    which are the model's learned parameters (the weights). In self-attention one
     input X feeds all three weight matrices; pass ``key`` (and ``value``) for
     cross-attention.
 
@@ -133,8 +133,8 @@ def data_flow(
     column = [left + i * (_BOX + _GAP) for i in range(4)]
     headers = [
         ("input", "computed per sequence"),
-        ("weights", "learned, stored"),
-        ("products", "computed, not stored"),
+        ("weights", "learned parameters"),
+        ("products", "computed from the input"),
         ("attention", "every head, side by side"),
     ]
     for x0, (title, subtitle) in zip(column, headers, strict=True):
