@@ -188,17 +188,18 @@ def test_multi_head_labels_only_the_ends_when_heads_are_many():
 def test_packed_layouts_colour_each_feature_by_role_and_number_it_by_head():
     from qkv.diagrams.heads import packed_layouts
 
-    h, d = 3, 2
+    h, d = 4, 2  # h != 3: the grids are (3, h·d) and (h, 3·d)
     figure = packed_layouts(h, d)
     q, k, v = (ROLE_COLOURS[r].lower() for r in ("q", "k", "v"))
     stacked = [(role, str(i + 1)) for role in (q, k, v) for i in range(h) for _ in range(d)]
     interleaved = [(role, str(i + 1)) for i in range(h) for role in (q, k, v) for _ in range(d)]
+    assert len(grid(figure, "stacked")) == 3 and len(grid(figure, "interleaved")) == h
     for name, expected in (("stacked", stacked), ("interleaved", interleaved)):
-        drawn = list(zip(grid(figure, name)[0], numbers(figure, name)[0], strict=True))
-        assert drawn == expected, name
+        drawn = [pair for c, n in zip(grid(figure, name), numbers(figure, name), strict=True)
+                 for pair in zip(c, n, strict=True)]  # fmt: skip
+        assert drawn == expected, name  # memory order, row after row
     texts = texts_of(figure)
-    assert {"all of Q", "all of K", "all of V", "head 3: q, k, v"} <= set(texts)
-    assert "head 4: q, k, v" not in texts
+    assert {"Q", "K", "V", "head 1", "head 4"} <= set(texts) and "head 5" not in texts
 
 
 def test_packed_layouts_reject_bad_sizes():

@@ -401,13 +401,14 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
     A packed ``nn.Linear(d_in, 3·h·d_k)`` makes Q, K and V in one product. Each
     of its 3·h·d_k output features (a row of its weight) is drawn as a cell
     coloured by its role (Q blue, K vermillion, V green) and numbered with its
-    head, from 1. The top strip is the *stacked* order of PyTorch's
-    ``in_proj_weight`` and nanoGPT's ``c_attn`` (all of Q, then K, then V, cut
-    with ``chunk(3, dim=-1)``); the bottom strip the *interleaved* order of code
-    that reshapes to ``(B, T, h, 3·d_k)`` before chunking (each head's q, k, v
-    together). The bottom strip is computed from the top one by
+    head, from 1, in memory order, row after row like text. The top grid is the
+    *stacked* order of PyTorch's ``in_proj_weight`` and nanoGPT's ``c_attn``,
+    one row per block that ``chunk(3, dim=-1)`` cuts (all of Q, then K, then
+    V); the bottom grid the *interleaved* order of code that reshapes to
+    ``(B, T, h, 3·d_k)`` before chunking, one row per head (its q, k, v
+    together). The bottom grid is computed from the top one by
     :func:`qkv.interop.stacked_to_interleaved`, so the picture is what the
-    conversion does. Under each strip, the blocks the code cuts are named.
+    conversion does.
 
     Parameters
     ----------
@@ -419,8 +420,8 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
     Returns
     -------
     matplotlib.figure.Figure
-        The strips are named ``"stacked"`` and ``"interleaved"`` (for
-        :func:`qkv.diagrams.cells`: colours and numbers, cell by cell).
+        The grids are named ``"stacked"``, (3, h·d_k), and ``"interleaved"``,
+        (h, 3·d_k) (for :func:`qkv.diagrams.cells`: colours and numbers, cell by cell).
 
     See Also
     --------
@@ -432,52 +433,47 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
     >>> import qkv
     >>> from qkv.diagrams.heads import packed_layouts
     >>> figure = packed_layouts(2, 1)
-    >>> qkv.diagrams.cells(figure, "stacked").text
-    [['1', '2', '1', '2', '1', '2']]
-    >>> qkv.diagrams.cells(figure, "interleaved").text
-    [['1', '1', '1', '2', '2', '2']]
+    >>> qkv.diagrams.cells(figure, "stacked").text  # rows: Q, K, V
+    [['1', '2'], ['1', '2'], ['1', '2']]
+    >>> qkv.diagrams.cells(figure, "interleaved").text  # rows: head 1, head 2
+    [['1', '1', '1'], ['2', '2', '2']]
     """
     from qkv.interop import stacked_to_interleaved
 
     h = require_positive_int("num_heads", num_heads)
     d = require_positive_int("d_k", d_k)
-    width = 3 * h * d
-    if width > MAX_PACKED_FEATURES:
+    if 3 * h * d > MAX_PACKED_FEATURES:
         raise ValueError(
             f"packed_layouts draws and numbers every feature: 3 · num_heads · d_k = 3 · {h} · {d} = "
-            f"{width} is more than {MAX_PACKED_FEATURES}; pass smaller sizes (the order is the same at "
-            "any size)"
+            f"{3 * h * d} is more than {MAX_PACKED_FEATURES}; pass smaller sizes (the order is the same "
+            "at any size)"
         )
     # Each feature holds its role and head, as role · h + head; the interleaved order by the conversion.
     stacked = torch.arange(3 * h).repeat_interleave(d)  # (3·h·d,): role · h + head
     interleaved = stacked_to_interleaved(stacked.double(), h).long()  # (3·h·d,)
     role_colours = [ROLE_COLOURS[r] for r in ("q", "k", "v")]
+    grids = {
+        "stacked": ("Stacked (PyTorch in_proj_weight, nanoGPT c_attn)", stacked.view(3, h * d),
+                    ["Q", "K", "V"]),
+        "interleaved": ("Interleaved per head: view(B, T, h, 3·d_k)", interleaved.view(h, 3 * d),
+                        [f"head {i + 1}" for i in range(h)]),
+    }  # fmt: skip
 
-    heading, under, gap = 0.32, 0.42, 0.25  # inches: a strip's heading, the names under it, between
-    canvas = Canvas(width, 2, extra_width=0.3, extra_height=_TITLE + 2 * (heading + under) + gap)
+    cols = max(h * d, 3 * d)
+    heading, gap, names = 0.34, 0.3, 0.75  # inches: a grid's heading, between grids, row names
+    canvas = Canvas(
+        cols, 3 + h, unit=0.36, extra_width=0.3 + names, extra_height=_TITLE + 2 * heading + gap + 0.1
+    )
     x = canvas.inch(0.15)
-    canvas.title("Packed Q/K/V outputs: colour = Q, K or V, number = head")
-    strips = {
-        "stacked": ("Stacked (PyTorch in_proj_weight, nanoGPT c_attn): chunk(3)", stacked),
-        "interleaved": ("Interleaved per head: view(B, T, h, 3·d_k), then chunk(3)", interleaved),
-    }
-    for k, (name, (title, codes)) in enumerate(strips.items()):
-        top = canvas.inch(_TITLE + heading + k * (heading + under + gap))
+    canvas.title("A packed Q/K/V projection: colour = role, number = head")
+    top = canvas.inch(_TITLE + heading)
+    for name, (title, codes, row_names) in grids.items():
         canvas.text(x, top - canvas.inch(0.08), title, ha="left", va="bottom", weight="bold", size=0.9)
-        colours = [[role_colours[int(c) // h] for c in codes]]
-        numbers = [[str(int(c) % h + 1) for c in codes]]
-        canvas.matrix(x, top, 1, width, EDGE_COLOUR, cell_colours=colours, cell_text=numbers, gid=name)
-        # The blocks the code cuts: thirds (Q, K, V) when stacked, heads when interleaved.
-        blocks = (
-            ["all of Q", "all of K", "all of V"]
-            if name == "stacked"
-            else [f"head {i + 1}: q, k, v" for i in range(h)]
-        )
-        size = width / len(blocks)
-        for b, label in enumerate(blocks):
-            left, right = x + b * size, x + (b + 1) * size
-            y = top + 1 + canvas.inch(0.08)
-            canvas.ax.plot([left + 0.1, left + 0.1, right - 0.1, right - 0.1], [y - 0.2, y, y, y - 0.2],
-                           color=EDGE_COLOUR, linewidth=0.8)  # fmt: skip
-            canvas.text((left + right) / 2, y + canvas.inch(0.04), label, va="top", size=0.8)
+        colours = [[role_colours[int(c) // h] for c in row] for row in codes]
+        numbers = [[str(int(c) % h + 1) for c in row] for row in codes]
+        rows, width = codes.shape
+        canvas.matrix(x, top, rows, width, EDGE_COLOUR, cell_colours=colours, cell_text=numbers, gid=name)
+        for r, row_name in enumerate(row_names):  # what each row is, to its right
+            canvas.text(x + width + canvas.inch(0.1), top + r + 0.5, row_name, ha="left", size=0.9)
+        top += rows + canvas.inch(gap + heading)
     return canvas.figure
