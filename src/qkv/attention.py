@@ -7,7 +7,8 @@ check that they agree.
 
 See also
 --------
-The chapter :doc:`terminology` (book/terminology.ipynb).
+The chapters :doc:`terminology` (what Q, K and V are, book/terminology.ipynb) and
+:doc:`equation` (the scale, the axis and the mask, book/equation.ipynb).
 """
 
 from __future__ import annotations

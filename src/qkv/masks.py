@@ -6,7 +6,7 @@ converters below make each convention explicit.
 
 See also
 --------
-The chapter :doc:`terminology`, section "Masks" (book/terminology.ipynb).
+The chapter :doc:`equation`, section "Masks" (book/equation.ipynb).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | No
     See Also
     --------
     padding_mask
-    :doc:`terminology` : padding and causal masks, section "Masks".
+    :doc:`equation` : padding and causal masks, section "Masks".
 
     Examples
     --------
@@ -152,7 +152,7 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
     See Also
     --------
     additive_mask : the other common convention, a float mask added to the scores.
-    :doc:`terminology` : each library's convention, and an inverted mask that fails silently.
+    :doc:`equation` : each library's convention, and an inverted mask that fails silently.
 
     Examples
     --------
@@ -187,7 +187,7 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     See Also
     --------
     from_torch_mask
-    :doc:`terminology` : a mask of 1s and 0s that blocks nothing, and the fix.
+    :doc:`equation` : a mask of 1s and 0s that blocks nothing, and the fix.
 
     Examples
     --------

@@ -5,8 +5,8 @@ it; install it with ``pip install qkv[plot]``.
 
 See also
 --------
-The chapter :doc:`terminology`, section "How to read an attention map"
-(book/terminology.ipynb).
+The chapter :doc:`equation`, section "How to read an attention map"
+(book/equation.ipynb).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def plot_attention(
     See Also
     --------
     plot_heads
-    :doc:`terminology` : reading a map row by row, section "How to read an attention map".
+    :doc:`equation` : reading a map row by row, section "How to read an attention map".
 
     Examples
     --------

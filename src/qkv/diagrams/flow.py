@@ -2,7 +2,7 @@
 
 See also
 --------
-The chapters :doc:`terminology` (book/terminology.ipynb) and :doc:`heads`
+The chapters :doc:`training` (book/training.ipynb) and :doc:`heads`
 (book/heads.ipynb).
 """
 
