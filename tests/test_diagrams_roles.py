@@ -59,11 +59,11 @@ def test_bad_input_is_named():
         qkv.diagrams.data_flow(torch.randn(5, 10), mha)
     with pytest.raises(ValueError, match=r"code has names \['W_Q'\]"):
         qkv.diagrams.data_flow(torch.randn(5, 12), mha, code={"W_Q": "query"})
-    with pytest.raises(ValueError, match="value= needs key="):
-        qkv.diagrams.data_flow(torch.randn(5, 12), mha, value=torch.randn(5, 12))
+    with pytest.raises(ValueError, match="value has 4 positions"):
+        qkv.diagrams.data_flow(torch.randn(5, 12), mha, value=torch.randn(4, 12))
     with pytest.raises(ValueError, match="kdim is 10, not d_model = 12"):
         qkv.diagrams.data_flow(torch.randn(5, 12), qkv.MultiHeadAttention(12, 3, kdim=10, vdim=10))
-    with pytest.raises(ValueError, match="key has 5 positions but value has 4"):
+    with pytest.raises(ValueError, match=r"value has 4 positions but the keys \(key\) have 5"):
         qkv.diagrams.data_flow(torch.randn(5, 12), mha, key=torch.randn(5, 12), value=torch.randn(4, 12))
     with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
         qkv.diagrams.data_flow([[1.0]], mha)

@@ -130,6 +130,39 @@ def batch_first_of(layer: object) -> bool:
     return flag if isinstance(flag, bool) else True
 
 
+def layer_inputs(
+    layer: object, x: object, key: object | None, value: object | None
+) -> tuple[HeadWeights, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's per-head weights and its three inputs as matrices, checked against its widths.
+
+    ``key`` defaults to ``x`` (self-attention) and ``value`` to ``key``; a layer whose
+    kdim or vdim is not d_model needs them passed.
+    """
+    from qkv._validation import require_size
+
+    weights = head_weights(layer)
+    first = batch_first_of(layer)
+    x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=first)
+    require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
+    for name, given, width in (("key", key, weights.kdim), ("value", value, weights.vdim)):
+        if given is None and width != weights.embed_dim and (name == "key" or key is None):
+            raise ValueError(
+                f"the layer's {'kdim' if name == 'key' else 'vdim'} is {width}, not d_model = "
+                f"{weights.embed_dim}: pass {name}= (S, {width}), the input its W^{name[0].upper()} reads"
+            )
+    k2 = x2 if key is None else as_matrix("key", key, layout="(S, kdim)", batch_first=first)
+    v2 = k2 if value is None else as_matrix("value", value, layout="(S, vdim)", batch_first=first)
+    require_size("key", k2, 1, weights.kdim, "features", "the layer's kdim")
+    require_size("value", v2, 1, weights.vdim, "features", "the layer's vdim")
+    if k2.shape[0] != v2.shape[0]:
+        keys_from = "key" if key is not None else "x, the keys' input by default"
+        raise ValueError(
+            f"value has {v2.shape[0]} positions but the keys ({keys_from}) have {k2.shape[0]}: "
+            "keys and values come in pairs"
+        )
+    return weights, x2, k2, v2
+
+
 class Canvas:
     """A figure whose coordinates are matrix cells, y growing downwards.
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qkv._validation import require_bool, require_size
+from qkv._validation import require_bool
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
     ROLE_COLOURS,
     Canvas,
-    as_matrix,
-    batch_first_of,
     head_colour,
-    head_weights,
+    layer_inputs,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,21 +63,8 @@ def projection(
     >>> sorted({t for t in qkv.diagrams.texts_of(figure) if t.startswith("(")})
     ['(12, 12)', '(5, 12)']
     """
-    weights = head_weights(layer)
     heads = require_bool("heads", heads)
-    first = batch_first_of(layer)
-    x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=first)
-    require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
-    for name, given, width in (("key", key, weights.kdim), ("value", value, weights.vdim)):
-        if given is None and width != weights.embed_dim and (name == "key" or key is None):
-            raise ValueError(
-                f"the layer's {'kdim' if name == 'key' else 'vdim'} is {width}, not d_model = "
-                f"{weights.embed_dim}: pass {name}= (S, {width}), the input its W^{name[0].upper()} reads"
-            )
-    k2 = x2 if key is None else as_matrix("key", key, layout="(S, kdim)", batch_first=first)
-    v2 = k2 if value is None else as_matrix("value", value, layout="(S, vdim)", batch_first=first)
-    require_size("key", k2, 1, weights.kdim, "features", "the layer's kdim")
-    require_size("value", v2, 1, weights.vdim, "features", "the layer's vdim")
+    weights, x2, k2, v2 = layer_inputs(layer, x, key, value)
     h, h_kv = weights.num_heads, weights.num_kv_heads
     group = h // h_kv  # query heads per K/V head
     v_name = "X" if key is None and value is None else "X_V"

@@ -10,15 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from qkv._validation import require_size
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
     FONT,
     ROLE_COLOURS,
     TEXT_COLOUR,
-    as_matrix,
-    batch_first_of,
-    head_weights,
+    layer_inputs,
     math,
     require_matplotlib,
 )
@@ -87,24 +84,7 @@ def data_flow(
     require_matplotlib()
     from matplotlib.figure import Figure
 
-    weights = head_weights(layer)
-    first = batch_first_of(layer)
-    x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=first)
-    require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
-    if value is not None and key is None:
-        raise ValueError("value= needs key= as well: the keys and values come from the same positions")
-    for name, width in (("key", weights.kdim), ("value", weights.vdim)):
-        if key is None and width != weights.embed_dim:
-            raise ValueError(
-                f"the layer's {'kdim' if name == 'key' else 'vdim'} is {width}, not d_model = "
-                f"{weights.embed_dim}: pass key= (S, kdim) and value= (S, vdim), the inputs it reads"
-            )
-    k2 = x2 if key is None else as_matrix("key", key, layout="(S, kdim)", batch_first=first)
-    v2 = k2 if value is None else as_matrix("value", value, layout="(S, vdim)", batch_first=first)
-    require_size("key", k2, 1, weights.kdim, "features", "the layer's kdim")
-    require_size("value", v2, 1, weights.vdim, "features", "the layer's vdim")
-    if k2.shape[0] != v2.shape[0]:
-        raise ValueError(f"key has {k2.shape[0]} positions but value has {v2.shape[0]}: they must match")
+    weights, x2, k2, v2 = layer_inputs(layer, x, key, value)
     names = dict(code or {})
     unknown = sorted(set(names) - set(NAMES))
     if unknown:
@@ -115,7 +95,9 @@ def data_flow(
     inputs: list[tuple[str, torch.Tensor, tuple[int, ...]]]
     inputs = [("X", x2, (0, 1, 2))] if self_attention else [("X", x2, (0,)), ("X_K", k2, (1, 2))]
     if value is not None:
-        inputs = [("X", x2, (0,)), ("X_K", k2, (1,)), ("X_V", v2, (2,))]
+        inputs = [("X", x2, (0,) if key is not None else (0, 1)), ("X_V", v2, (2,))]
+        if key is not None:
+            inputs.insert(1, ("X_K", k2, (1,)))
     T, S = x2.shape[0], k2.shape[0]
     rows = [  # (role, weight, its shape, product, its shape)
         ("q", "W^Q", _shape(weights.embed_dim, f"{h}·{d_k}"), "Q", _shape(T, f"{h}·{d_k}")),
