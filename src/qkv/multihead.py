@@ -1023,8 +1023,10 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
     Each head is an :class:`AttentionHead` with its own ``Linear(d_model, d_k)``
     for Q, ``Linear(kdim, d_k)`` for K and ``Linear(vdim, d_v)`` for V; the heads' outputs are
     concatenated and projected by ``out_proj`` (W^O). Same interface, same
-    parameter count and same function as :class:`MultiHeadAttention`, only
-    slower: h small products instead of one large one.
+    parameter count and same function as :class:`MultiHeadAttention`. It runs h
+    separate projections, score products, softmaxes and weighted sums where the fused
+    module runs one of each, and is slower for it (measured in :doc:`heads`, section
+    "Cost").
 
     Parameters
     ----------
