@@ -189,7 +189,7 @@ class PreviousTokenTask:
     See Also
     --------
     qkv.models.PreviousTokenModel
-    :doc:`training` : a model trained on it, and how alike its three learned matrices end up.
+    :doc:`training` : what tying W^Q = W^K costs on it, and two matrices started equal.
     """
 
     length: int = 64

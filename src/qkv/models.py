@@ -135,7 +135,7 @@ class PreviousTokenModel(nn.Module):
     See Also
     --------
     qkv.data.PreviousTokenTask
-    :doc:`training` : how alike its three learned matrices end up after training.
+    :doc:`training` : W^Q and W^K started equal, and tied for good, on the previous-token task.
     """
 
     def __init__(
