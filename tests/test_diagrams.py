@@ -115,3 +115,50 @@ def test_empty_inputs_are_named():
         qkv.diagrams.projection(torch.randn(0, 5, 12), mha)
     with pytest.raises(TypeError, match="heads must be True or False"):
         qkv.diagrams.projection(torch.randn(5, 12), mha, heads="yes")
+
+
+def _texts_outside(figure) -> list[str]:
+    """The texts of ``figure`` that stick out of it, as a saved image would cut them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    width, height = figure.bbox.width, figure.bbox.height
+    texts = [*figure.texts, *(t for ax in figure.axes for t in ax.texts)]
+    outside = []
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        if text.get_text() and (box.x0 < 0 or box.x1 > width or box.y0 < 0 or box.y1 > height):
+            outside.append(text.get_text())
+    return outside
+
+
+def _small_cache_layer():
+    layer = qkv.MultiHeadAttention(4, 2, num_kv_heads=1)
+    cache = layer.new_cache(batch_size=1, max_length=4)
+    with torch.no_grad():
+        layer(torch.randn(1, 1, 4), cache=cache, is_causal=True)
+    return layer, cache
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: qkv.diagrams.packed_layouts(1, 1),
+        lambda: qkv.diagrams.packed_layouts(3, 2),
+        lambda: qkv.diagrams.reshape(1, 2, 1),
+        lambda: qkv.diagrams.reshape(2, 1, 1),
+        lambda: qkv.diagrams.heads_from_one_matrix(torch.randn(3, 4), qkv.MultiHeadAttention(4, 1)),
+        lambda: qkv.diagrams.multi_head(qkv.MultiHeadAttention(4, 1), torch.randn(3, 4)),
+        lambda: qkv.diagrams.projection(torch.randn(2, 4), qkv.MultiHeadAttention(4, 1), heads=True),
+        lambda: qkv.diagrams.backward_paths(
+            torch.randn(2, 4), qkv.MultiHeadAttention(4, 1), torch.randn(2, 4)
+        ),
+        lambda: qkv.diagrams.decoding_step(*_small_cache_layer()),
+    ],
+    ids=["packed-1-1", "packed-3-2", "reshape-1-2-1", "reshape-2-1-1", "heads-from-one", "multi-head",
+         "projection", "backward", "decoding-step"],
+)
+def test_small_diagrams_keep_every_text_inside_the_figure(draw):
+    # Texts do not shrink with the cells: with few cells a title is wider than the
+    # drawing, and the figure must grow to hold it (a saved PNG would cut it off).
+    assert _texts_outside(draw()) == []

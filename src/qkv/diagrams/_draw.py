@@ -372,6 +372,40 @@ class Canvas:
         """A title above the drawing, inside the figure."""
         self.figure.text(0.5, 0.995, text, fontsize=self.font * 1.1, ha="center", va="top", color=TEXT_COLOUR)
 
+    def fit(self) -> Figure:
+        """Widen the figure until every text lies inside it; return the figure.
+
+        Texts keep one size whatever the cells' size, so with few or small cells a
+        title or a label can be wider than the drawing, and a saved figure would
+        cut it off. The drawing keeps its scale: the figure grows by the text that
+        sticks out, on the side where it does (a centred title, on both sides).
+        """
+        from matplotlib.backends.backend_agg import RendererAgg
+
+        figure, pad = self.figure, 4.0  # pixels of margin around the texts
+        dpi = figure.dpi
+        width = figure.get_figwidth() * dpi  # pixels
+        renderer = RendererAgg(int(width), int(figure.get_figheight() * dpi), dpi)  # type: ignore[no-untyped-call]
+        left = right = centred = 0.0
+        for text in self.ax.texts:
+            if text.get_text():
+                box = text.get_window_extent(renderer)
+                left, right = max(left, pad - box.x0), max(right, box.x1 + pad - width)
+        for text in figure.texts:  # titles: centred on the figure
+            if text.get_text():
+                centred = max(centred, text.get_window_extent(renderer).width + 2 * pad)
+        grow = max(left + right, centred - width)
+        if grow <= 0:
+            return figure
+        extra = (grow - left - right) / 2  # what a centred title still needs, per side
+        left, right = left + extra, right + extra
+        per_unit = self.unit * dpi  # pixels per cell unit
+        x0, x1 = self.ax.get_xlim()
+        self.ax.set_xlim(x0 - left / per_unit, x1 + right / per_unit)
+        figure.set_figwidth((width + left + right) / dpi)
+        self.width += (left + right) / per_unit
+        return figure
+
 
 class Cells(NamedTuple):
     """What a drawn matrix shows, cell by cell (row-major), as :func:`cells` reads it back."""

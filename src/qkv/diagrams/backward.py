@@ -173,4 +173,4 @@ def backward_paths(
     link("dZ", "dK", r"$dZ^\top Q$")
     link("dK", "dW^K", r"$X^\top dK$")
     canvas.title(r"Three paths from $dO$ to $W^V$, $W^Q$ and $W^K$ (shade: size of each entry)")
-    return canvas.figure
+    return canvas.fit()

@@ -99,4 +99,4 @@ def projection(
                       column_colours=colours, label=out_name, shape=(length, n_heads * d),
                       frame=frame)  # fmt: skip
         top += row_units[i] + canvas.inch(above + below)
-    return canvas.figure
+    return canvas.fit()

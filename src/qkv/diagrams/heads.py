@@ -154,7 +154,7 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
                                 shape=(T, d), frame=role)  # fmt: skip
         canvas.operator((gap / 2 + d_in + w_box["x"]) / 2, y + T / 2, "×")
         canvas.operator((w_box["right"] + out_box["x"]) / 2, y + T / 2, "=")
-    return canvas.figure
+    return canvas.fit()
 
 
 def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: bool = True) -> Figure:
@@ -297,7 +297,7 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
                          label=".view(B, h, T, d_k)")  # fmt: skip
             stack(x_heads, top, jumbled[0], head_gap, "wrong.head", "“head”")
             axes(x_heads, top, d, stack_height, "(B, h, T, d_k)", jumbled.shape)
-    return canvas.figure
+    return canvas.fit()
 
 
 #: The most entries :func:`reshape` draws (each is numbered: more would not be readable).
@@ -388,7 +388,7 @@ def multi_head(layer: object, x: object) -> Figure:
     canvas.operator(x_out - gap / 2, concat_top + T / 2, "=")
     canvas.matrix(x_out, concat_top, T, d_model, ROLE_COLOURS["o"], label="\\mathrm{output}",
                   shape=(T, d_model), gid="output")  # fmt: skip
-    return canvas.figure
+    return canvas.fit()
 
 
 #: The most output features :func:`packed_layouts` draws (each is numbered).
@@ -476,4 +476,4 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
         for r, row_name in enumerate(row_names):  # what each row is, to its right
             canvas.text(x + width + canvas.inch(0.1), top + r + 0.5, row_name, ha="left", size=0.9)
         top += rows + canvas.inch(gap + heading)
-    return canvas.figure
+    return canvas.fit()

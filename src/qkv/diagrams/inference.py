@@ -419,7 +419,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
             ha="left",
             size=0.9,
         )
-    return canvas.figure
+    return canvas.fit()
 
 
 # --- One decoding step with a KV cache --------------------------------------------------------
@@ -663,7 +663,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
             )
         )
         canvas.text(margin + 1.6 * swatch + scale.units(0.1), line_y, text, ha="left", size=0.85)
-    return canvas.figure
+    return canvas.fit()
 
 
 def _outline(canvas: Canvas, x: float, y: float, cols: int, *, gid: str) -> None:
