@@ -29,7 +29,7 @@ def test_every_gradient_is_drawn_to_scale_with_its_shape():
     assert sizes == {"dO": (5, 2), "dV": (5, 2), "dW^V": (6, 2), "dP": (5, 5), "dZ": (5, 5),
                      "dQ": (5, 3), "dW^Q": (6, 3), "dK": (5, 3), "dW^K": (6, 3)}  # fmt: skip
     texts = texts_of(figure)
-    for label in ("$dW^Q$", "$dW^K$", "$dW^V$", r"$X^\top dQ$", r"$dZ^\top Q$", r"$P^\top dO$"):
+    for label in ("$dW^Q$", "$dW^K$", "$dW^V$", r"$X^\top dQ$", r"$dZ^\top Q/\sqrt{d_k}$", r"$P^\top dO$"):
         assert label in texts
 
 
