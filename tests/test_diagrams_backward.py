@@ -69,3 +69,15 @@ def test_bad_inputs_are_named():
     cross = qkv.MultiHeadAttention(6, 1, kdim=4, vdim=4)
     with pytest.raises(ValueError, match=r"kdim .* must equal d_model"):
         qkv.diagrams.backward_paths(torch.randn(4, 6), cross, torch.randn(4, 6))
+
+
+def test_a_sequence_first_module_draws_the_first_sequence_of_its_batch():
+    # A module built with batch_first=False takes (T, B, d_model): the picture must be
+    # of the first sequence, x[:, 0], not of every sequence's first position, x[0].
+    torch.manual_seed(0)
+    layer = qkv.MultiHeadAttention(6, 2, d_k=3, d_v=2, bias=False, batch_first=False)
+    x, grad_output = torch.randn(5, 4, 6), torch.randn(5, 4, 2)  # (T, B, ·)
+    drawn = qkv.diagrams.backward_paths(x, layer, grad_output)
+    expected = qkv.diagrams.backward_paths(x[:, 0], layer, grad_output[:, 0])
+    for name in ("dO", "dZ", "dW^Q"):
+        assert qkv.diagrams.cells(drawn, name) == qkv.diagrams.cells(expected, name), name

@@ -10,6 +10,7 @@ CONTRIBUTING.md, "Adding a chapter".
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib
 import io
@@ -165,8 +166,6 @@ def _fewer_colours(formatted: tuple[str, dict[str, int]] | None) -> tuple[str, d
         from PIL import Image
     except ImportError:
         return formatted
-    import base64
-
     data, size = formatted
     image = Image.open(io.BytesIO(base64.b64decode(data)))
     if image.mode == "RGBA" and image.getchannel("A").getextrema()[0] != 255:

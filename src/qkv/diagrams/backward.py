@@ -15,7 +15,7 @@ import torch
 
 from qkv._validation import require_size, require_tensor, shape_str
 from qkv.attention import explicit_attention
-from qkv.diagrams._draw import ROLE_COLOURS, Canvas, as_matrix, head_weights
+from qkv.diagrams._draw import ROLE_COLOURS, Canvas, as_matrix, batch_first_of, head_weights
 from qkv.gradients import attention_backward, softmax_backward
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,7 +88,8 @@ def backward_paths(
     ['dO', 'dV', 'dW^V', 'dP', 'dZ', 'dQ', 'dW^Q', 'dK', 'dW^K']
     """
     weights = head_weights(layer)
-    x2 = as_matrix("x", x, layout="(T, d_model)")
+    first = batch_first_of(layer)
+    x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=first)
     require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
     if weights.kdim != weights.embed_dim or weights.vdim != weights.embed_dim:
         raise ValueError(
@@ -100,7 +101,7 @@ def backward_paths(
     group = weights.num_heads // weights.num_kv_heads
     kv = head // group  # the K/V head this query head reads
     length = x2.shape[0]
-    dout = as_matrix("grad_output", grad_output, layout="(T, d_v)")
+    dout = as_matrix("grad_output", grad_output, layout="(T, d_v)", batch_first=first)
     if tuple(dout.shape) != (length, weights.d_v):
         raise ValueError(
             f"grad_output must have the head's output shape (T, d_v) = ({length}, {weights.d_v}), "
@@ -113,14 +114,12 @@ def backward_paths(
         q = x2 @ weights.w_q[head]  # (T, d_k)
         k = x2 @ weights.w_k[kv]  # (T, d_k)
         v = x2 @ weights.w_v[kv]  # (T, d_v)
-        for bias, index, name in ((weights.b_q, head, "q"), (weights.b_k, kv, "k"), (weights.b_v, kv, "v")):
-            if bias is not None:
-                if name == "q":
-                    q = q + bias[index]
-                elif name == "k":
-                    k = k + bias[index]
-                else:
-                    v = v + bias[index]
+        if weights.b_q is not None:
+            q = q + weights.b_q[head]
+        if weights.b_k is not None:
+            k = k + weights.b_k[kv]
+        if weights.b_v is not None:
+            v = v + weights.b_v[kv]
         scale = 1.0 / _math.sqrt(q.shape[-1])
         _, p = explicit_attention(q, k, v, mask2, scale)  # (T, T)
         dp = dout @ v.T  # (T, T)
