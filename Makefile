@@ -18,7 +18,8 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 HTML := _build/html
-NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
+# Pages: answer pages in book/, their deeper pages in a folder of the same name.
+NOTEBOOKS := $(sort $(wildcard book/*.ipynb book/*/*.ipynb))
 SANITIZE := book/nbval_sanitize.cfg
 # `make execute NB=book/x.ipynb` re-runs one chapter; the default is all of them.
 NB ?= $(NOTEBOOKS)

@@ -122,10 +122,11 @@ def _kernel_manager_class():
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: book/*.ipynb")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook under book/")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     args = parser.parse_args(argv)
-    notebooks = args.notebooks or sorted(Path("book").glob("*.ipynb"))
+    every = (p for p in Path("book").glob("**/*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    notebooks = args.notebooks or sorted(every)
     if not notebooks:
         print("no notebooks to execute", file=sys.stderr)
         return 1

@@ -124,7 +124,7 @@ NotebookClient(
 print(json.dumps(nb.cells))
 """
     problems = []
-    for path in sorted((ROOT / "book").glob("*.ipynb")):
+    for path in sorted(p for p in (ROOT / "book").glob("**/*.ipynb") if ".ipynb_checkpoints" not in p.parts):
         stored = json.loads(path.read_text(encoding="utf-8"))["cells"]
         start = time.perf_counter()
         result = subprocess.run(

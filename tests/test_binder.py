@@ -97,7 +97,7 @@ def test_post_build_trusts_every_chapter(tmp_path: Path) -> None:
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     environment = {**os.environ, "JUPYTER_DATA_DIR": str(tmp_path), "PATH": path}
     subprocess.run(["bash", "-c", line], check=True, cwd=ROOT, env=environment, capture_output=True)
-    chapters = sorted((ROOT / "book").glob("*.ipynb"))
+    chapters = sorted(p for p in (ROOT / "book").glob("**/*.ipynb") if ".ipynb_checkpoints" not in p.parts)
     notary = NotebookNotary(data_dir=str(tmp_path))
     untrusted = [c.name for c in chapters if not notary.check_signature(nbformat.read(c, as_version=4))]
     assert chapters and not untrusted, f"not trusted after postBuild's {line!r}: {untrusted}"

@@ -17,8 +17,8 @@ from pins import pinned_environment, read_pins
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 PACKAGE = ROOT / "src" / "qkv"
-NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
-PAGES = sorted(BOOK.glob("*.md"))
+NOTEBOOKS = sorted(p for p in BOOK.glob("**/*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+PAGES = sorted(BOOK.glob("**/*.md"))
 
 FIRST_CELL = """\
 # Make this chapter self-sufficient: install qkv when it is missing (Colab).
@@ -237,7 +237,7 @@ def test_requirements_pin_the_build() -> None:
 
 def test_stored_notebooks_stay_small() -> None:
     """Figures are stored at twice the resolution: keep each chapter light to clone and open."""
-    for notebook in sorted((ROOT / "book").glob("*.ipynb")):
+    for notebook in NOTEBOOKS:
         size = notebook.stat().st_size
         assert size < 1_500_000, f"{notebook.name} is {size / 1e6:.1f} MB; shrink its figures"
 
