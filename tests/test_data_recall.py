@@ -52,3 +52,16 @@ def test_errors():
         PreviousTokenTask(length=1)
     with pytest.raises(TypeError, match="batch_size must be an int"):
         AssociativeRecall().sample(2.0)
+
+
+def test_recall_data_does_not_depend_on_the_default_dtype():
+    """A chapter that trains in float64 (torch.set_default_dtype) sees the same sequences."""
+    task = AssociativeRecall(num_pairs=6, num_keys=10, num_values=7)
+    before = task.sample(50, generator=torch.Generator().manual_seed(3))
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        after = task.sample(50, generator=torch.Generator().manual_seed(3))
+    finally:
+        torch.set_default_dtype(default)
+    assert torch.equal(before.keys, after.keys) and torch.equal(before.values, after.values)

@@ -145,7 +145,9 @@ class AssociativeRecall:
         """
         batch = require_positive_int("batch_size", batch_size)
         n = self.num_pairs
-        order = torch.rand(batch, self.num_keys, generator=generator).argsort(dim=-1)  # (B, num_keys)
+        # float32 whatever torch's default dtype: the same generator gives the same data.
+        noise = torch.rand(batch, self.num_keys, generator=generator, dtype=torch.float32)  # (B, num_keys)
+        order = noise.argsort(dim=-1)  # (B, num_keys)
         pair_keys = order[:, :n]  # (B, n): distinct keys in each sequence
         pair_values = torch.randint(self.num_values, (batch, n), generator=generator)  # (B, n)
         position = torch.randint(n, (batch,), generator=generator)  # (B,)
@@ -554,7 +556,8 @@ class AbacusBeadOrderTask(AbacusSpellingTask):
     def _draw(self, n: int, generator: torch.Generator | None) -> list[tuple[int, ...]]:
         """``n`` random sources: uniform over the lengths, then over the rods' one-beads and five-beads."""
         lengths = torch.randint(self.min_digits, self.max_digits + 1, (n,), generator=generator)  # (n,)
-        ones = torch.rand(n, 5, generator=generator).argsort(dim=-1)  # (n, 5): the counts 0-4, shuffled
+        noise = torch.rand(n, 5, generator=generator, dtype=torch.float32)  # (n, 5); float32 as above
+        ones = noise.argsort(dim=-1)  # (n, 5): the counts 0-4, shuffled
         fives = torch.randint(0, 2, (n, 5), generator=generator)  # (n, 5): a five-bead or not
         digits = ones + 5 * fives  # (n, 5)
         return [tuple(row[:k]) for row, k in zip(digits.tolist(), lengths.tolist(), strict=True)]
