@@ -33,7 +33,7 @@ export PYTHONHASHSEED := 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help book test $(STAGES) execute env clean test-oldest test-colab
+.PHONY: help book test $(STAGES) execute env clean test-oldest test-colab stability
 
 help:
 	@echo "make book         build the HTML book into $(HTML) (creates $(VENV) when missing)"
@@ -41,7 +41,9 @@ help:
 	@echo "make lint         ruff on the package, tests, scripts and notebooks; mypy --strict on the package;"
 	@echo "                  the GitHub workflows against GitHub's schema and zizmor's audit (offline)"
 	@echo "make unit         pytest on tests/ (without the browser check)"
-	@echo "make nbval        re-run every book/*.ipynb and compare with its stored outputs"
+	@echo "make nbval        re-run every page, perturbed as another CPU would, and compare with its stored outputs"
+	@echo "                  (PERTURB= runs them unperturbed)"
+	@echo "make stability    which stored outputs of a page change on another CPU (NB=book/x.ipynb)"
 	@echo "make html-strict  build the book from scratch with warnings as errors"
 	@echo "make browser      open every built page in headless Chromium (screenshots: _build/screenshots)"
 	@echo "make execute      re-run notebooks in place (NB=book/x.ipynb for one)"
@@ -105,12 +107,25 @@ $(PASSED)/unit: $(STAMP) $(PACKAGE) $(TESTS)
 	$(PY) -m pytest tests src/qkv --doctest-modules --ignore=tests/browser
 	$(call passed,unit)
 
+# Stored outputs must be the same on every machine, but another CPU (AVX-512 or AVX2,
+# Intel, AMD or ARM) or thread count changes the low digits of float32 sums. So every
+# page runs perturbed the same way: torch's kernels without SIMD and one thread per
+# kernel, which changes low digits here as another machine does (CONTRIBUTING.md,
+# "Stored outputs are the same on every machine"). A number stored with more digits than every machine agrees on
+# fails here, not on a reader's machine. With one thread each, two kernels share the
+# two cores. `make nbval PERTURB=` runs the pages as they are, one at a time.
+PERTURB ?= ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+NBVAL_WORKERS := $(if $(PERTURB),-n 2 --dist loadfile,)
 nbval: $(PASSED)/nbval
 	@echo "nbval: passed (re-runs when one of its inputs changes)"
 $(PASSED)/nbval: $(STAMP) $(PACKAGE) $(NOTEBOOKS) $(SANITIZE) book/conftest.py
-	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
-	    --nbval-sanitize-with $(SANITIZE) $(NOTEBOOKS)
+	env $(PERTURB) $(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
+	    --nbval-sanitize-with $(SANITIZE) $(NBVAL_WORKERS) $(NOTEBOOKS)
 	$(call passed,nbval)
+
+# Which digits of a page's outputs change under each perturbation, listed.
+stability: $(STAMP)
+	$(PY) scripts/output_stability.py $(NB)
 
 # From scratch, so that every page's warnings are reported (an incremental build
 # stays quiet about unchanged pages) and no page removed from _toc.yml lingers.

@@ -6,6 +6,7 @@ These tests read files only; they do not run notebooks (``make nbval`` does that
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -294,6 +295,40 @@ def test_code_and_output_fit_the_page_and_numbers_read_easily(path: Path) -> Non
                 )
 
 
+# A decimal number with more than MAX_DIGITS significant digits: a full float repr, or a
+# value rounded past what another CPU reproduces (CONTRIBUTING.md, "Stored outputs are
+# the same on every machine").
+MAX_DIGITS = 6
+LONG_DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?:e[-+]?\d+)?")
+
+
+def _significant_digits(number: str) -> int:
+    mantissa = number.lower().split("e")[0].replace(".", "").lstrip("0")
+    return len(mantissa)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_numbers_show_only_the_digits_every_machine_agrees_on(path: Path) -> None:
+    """No full float repr in a stored output or a glued value: round to what the prose needs.
+
+    Another CPU changes the low digits of float32 sums (and a training run carries the
+    change on), so a stored number with many digits fails nbval elsewhere. ``make
+    nbval-perturbed`` finds the digits that do change; this finds the numbers shown
+    with more digits than any sentence needs, before they reach another machine.
+    """
+    for index, cell in enumerate(_code_cells(path)):
+        if "nbval-ignore-output" in _tags(cell):
+            continue
+        for output in cell.get("outputs", []):
+            for text in (_printed(output), _glued(output)):
+                long = [n for n in LONG_DECIMAL.findall(text) if _significant_digits(n) > MAX_DIGITS]
+                assert not long, (
+                    f"{path.name}: code cell {index} stores {long[:3]}: round to the digits the "
+                    f"prose needs ({MAX_DIGITS} significant at most; CONTRIBUTING.md, "
+                    "'Stored outputs are the same on every machine')"
+                )
+
+
 def test_docstring_examples_fit_the_api_page() -> None:
     """Every line of a docstring example, input or expected output, fits API_EXAMPLE_WIDTH.
 
@@ -390,3 +425,17 @@ def test_chapters_need_no_book_tooling(path: Path) -> None:
         book_tooling = r"^\s*(?:from|import) (myst_nb|myst_parser|sphinx\w*|jupyter_book)\b"
         found = re.findall(book_tooling, _source(cell), re.MULTILINE)
         assert not found, f"{path.name}: code cell {index} imports {found}; use qkv.glue"
+
+
+def test_the_stability_script_measures_what_make_nbval_runs() -> None:
+    """`make stability`'s "make nbval" run is the Makefile's PERTURB, word for word."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    (line,) = re.findall(r"^PERTURB \?= (.+)$", makefile, re.MULTILINE)
+    perturb = dict(word.split("=", 1) for word in line.split())
+    script = ROOT / "scripts" / "output_stability.py"
+    spec = importlib.util.spec_from_file_location("output_stability", script)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.PERTURBATIONS["make nbval"] == perturb
+    assert "ATEN_CPU_CAPABILITY" in perturb and perturb.get("OMP_NUM_THREADS") == "1"
