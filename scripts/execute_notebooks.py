@@ -73,6 +73,27 @@ def _short_errors(nb: nbformat.NotebookNode) -> None:
                 output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
 
 
+def _whole_streams(nb: nbformat.NotebookNode) -> None:
+    """Join a cell's consecutive pieces of one stream: how a print arrives in pieces
+    depends on the machine's load, and the stored file should not."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs: list[nbformat.NotebookNode] = []
+        for output in cell.get("outputs", []):
+            previous = outputs[-1] if outputs else None
+            if (
+                output.get("output_type") == "stream"
+                and previous is not None
+                and previous.get("output_type") == "stream"
+                and previous.get("name") == output.get("name")
+            ):
+                previous["text"] = "".join(previous["text"]) + "".join(output["text"])
+            else:
+                outputs.append(output)
+        cell["outputs"] = outputs
+
+
 def _ensure_ids(nb: nbformat.NotebookNode) -> None:
     """Keep existing cell ids; give new cells one (nbformat 4.5 requires ids)."""
     nb.nbformat, nb.nbformat_minor = 4, max(nb.get("nbformat_minor", 5), 5)
@@ -99,6 +120,7 @@ def execute(path: Path, timeout: int) -> None:
     )
     client.execute()
     _strip_volatile(nb)
+    _whole_streams(nb)
     _short_errors(nb)
     nbformat.validate(nb)
     text = nbformat.writes(nb) + "\n"
