@@ -283,6 +283,9 @@ def find_wider_than_column(page: Any) -> list[str]:
 
 VISIBLE_BUTTON_JS = """
 (selector) => {
+    // Marks from an earlier call (at another window width) would name a hidden button.
+    const marked = document.querySelectorAll("[data-check-visible]");
+    marked.forEach((el) => el.removeAttribute("data-check-visible"));
     const visible = Array.from(document.querySelectorAll(selector)).filter((el) => {
         const box = el.getBoundingClientRect();
         return box.width > 0 && box.height > 0 && getComputedStyle(el).visibility !== "hidden";
@@ -319,6 +322,16 @@ def find_dead_sidebar_buttons(page: Any) -> list[str]:
     "on this page" button (on pages that have sections) opens one with the page's
     sections. At laptop width the navigation button hides the sidebar and shows it again.
     """
+    problems = _sidebar_problems(page)
+    # Leave no hover or focus behind: a tooltip left showing would cover the next click
+    # (the same page is checked again at another width).
+    page.mouse.move(0, 0)
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    page.wait_for_timeout(300)
+    return problems
+
+
+def _sidebar_problems(page: Any) -> list[str]:
     problems = []
     width = page.viewport_size["width"]
     if width < 992:

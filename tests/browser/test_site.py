@@ -1,6 +1,7 @@
 """Open every page of the built book in headless Chromium, as a reader would, and check it.
 
-On every page, at phone width (390 px) and laptop width (1280 px), in light mode:
+On every page, at phone width (390 px) and laptop width (1280 px), in light mode (one
+load, resized), then in dark mode (a second load):
 
 * it loads offline: no console error or uncaught exception, no request to another host
   (MathJax, fonts and scripts are served from ``_static``); its maths is typeset and
@@ -113,15 +114,19 @@ def test_site_has_pages() -> None:
     assert "book/intro.html" in built_pages(), f"the front page is missing from {SITE}: {built_pages()}"
 
 
-@pytest.mark.parametrize("width", [PHONE, DESKTOP])
 @pytest.mark.parametrize("relative", PAGES)
-def test_page_reads_well(open_page, relative: str, width: int) -> None:
-    page, problems = open_page(relative, width=width)
+def test_page_reads_well(open_page, relative: str) -> None:
+    """Every check of a page, in two loads: light mode at phone then laptop width, then dark.
+
+    What does not depend on the window (the page's text, maths, images, links) is checked
+    once; what does (layout, the sidebar buttons, accessibility) at each width. Resizing
+    the loaded page is what a reader who widens the window sees: the theme's layout is
+    CSS, and the book's own script re-measures on resize.
+    """
+    page, problems = open_page(relative, width=PHONE)
     maths = wait_for_maths(page)
     no_mathjax = [f"{maths['count']} maths elements but no MathJax"] if not maths["hasMathJax"] else []
     failures = {
-        "console errors": problems.console_errors,
-        "requests to other hosts": problems.external_requests,
         "maths MathJax did not render": maths["unrendered"] + (no_mathjax if maths["count"] else []),
         "images that did not load": find_broken_images(page),
         "figures without alt text that says what they show (mystnb.image.alt in the metadata)": (
@@ -132,38 +137,35 @@ def test_page_reads_well(open_page, relative: str, width: int) -> None:
         "tracebacks longer than a few lines (show the type and message)": find_long_tracebacks(page),
         "TeX in the tab title": find_maths_in_title(page),
         "TeX in the text of links": find_maths_in_links(page),
-        f"wider than a {width} px window": find_wider_than_window(page),
-        "display maths cut off with no sign that it scrolls": find_clipped_maths(page),
-        "code, output or maths wider than the column at 1280 px": (
-            find_wider_than_column(page) if width == DESKTOP else []
-        ),
-        # The colours' contrast once in light mode (here, at phone width) and once in dark.
-        "critical or serious accessibility violations (light mode)": find_accessibility_violations(
-            page, rules="all" if width == PHONE else "structure"
-        ),
     }
-    _screenshot(page, relative, width, "light", full_page=True)
-    failures["sidebar buttons"] = find_dead_sidebar_buttons(page)
-    _fail_on(failures)
+    for width in (PHONE, DESKTOP):
+        if width != PHONE:
+            page.set_viewport_size({"width": width, "height": 900})
+            page.wait_for_timeout(200)  # the resize handlers
+        failures[f"wider than a {width} px window"] = find_wider_than_window(page)
+        failures[f"display maths cut off, no sign that it scrolls ({width} px)"] = find_clipped_maths(page)
+        if width == DESKTOP:
+            failures["code, output or maths wider than the column at 1280 px"] = find_wider_than_column(page)
+        # The colours' contrast once in light mode (here, at phone width) and once in dark.
+        failures[f"critical or serious accessibility violations (light mode, {width} px)"] = (
+            find_accessibility_violations(page, rules="all" if width == PHONE else "structure")
+        )
+        _screenshot(page, relative, width, "light", full_page=True)
+        failures[f"sidebar buttons ({width} px)"] = find_dead_sidebar_buttons(page)
 
-
-@pytest.mark.parametrize("width", [PHONE, DESKTOP])
-@pytest.mark.parametrize("relative", PAGES)
-def test_page_in_dark_mode(open_page, relative: str, width: int) -> None:
-    page, problems = open_page(relative, width=width, mode="dark")
-    wait_for_maths(page)
-    mode = page.evaluate("document.documentElement.dataset.mode")
+    dark, dark_problems = open_page(relative, width=DESKTOP, mode="dark")
+    wait_for_maths(dark)
+    mode = dark.evaluate("document.documentElement.dataset.mode")
     assert mode == "dark", f"the page did not switch to dark mode (data-mode={mode!r})"
-    _screenshot(page, relative, width, "dark", full_page=False)
-    _fail_on(
-        {
-            "console errors": problems.console_errors,
-            # The structure is the light mode's (checked there); the colours are checked once.
-            "colour contrast (dark mode)": find_accessibility_violations(page, rules="contrast")
-            if width == DESKTOP
-            else [],
-        }
-    )
+    # The structure is the light mode's (checked above); the colours are checked once.
+    failures["colour contrast (dark mode)"] = find_accessibility_violations(dark, rules="contrast")
+    _screenshot(dark, relative, DESKTOP, "dark", full_page=False)
+    dark.set_viewport_size({"width": PHONE, "height": 900})
+    dark.wait_for_timeout(200)
+    _screenshot(dark, relative, PHONE, "dark", full_page=False)
+    failures["console errors"] = problems.console_errors + dark_problems.console_errors
+    failures["requests to other hosts"] = problems.external_requests + dark_problems.external_requests
+    _fail_on(failures)
 
 
 @pytest.mark.parametrize("term", search_terms())
