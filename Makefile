@@ -1,7 +1,7 @@
 # Queries, Keys and Values: build the book and run every check.
 #
 #   make book      create .venv if needed, build the HTML into _build/html
-#   make test      lint, unit tests, nbval (strict), strict book build, browser check
+#   make test      lint, unit tests, page shape, nbval (strict), strict book build, browser check
 #
 # Everything runs from the project's own .venv (created with python3 -m venv and
 # installed from requirements.txt). The install is redone only when
@@ -25,7 +25,7 @@ SANITIZE := book/nbval_sanitize.cfg
 NB ?= $(NOTEBOOKS)
 JB_BUILD := $(BIN)/jupyter-book build . --builder html
 # Stages of `make test`, in order; each one is also a target of its own.
-STAGES := lint unit nbval html-strict browser
+STAGES := lint unit shape nbval html-strict browser
 
 # Reproducible runs: the same hash seed in every kernel. (Leave MPLBACKEND unset:
 # kernels pick matplotlib's inline backend themselves.)
@@ -41,6 +41,7 @@ help:
 	@echo "make lint         ruff on the package, tests, scripts and notebooks; mypy --strict on the package;"
 	@echo "                  the GitHub workflows against GitHub's schema and zizmor's audit (offline)"
 	@echo "make unit         pytest on tests/ (without the browser check)"
+	@echo "make shape        measure every page against its shape's budget and print the table"
 	@echo "make nbval        re-run every book/*.ipynb and compare with its stored outputs"
 	@echo "make html-strict  build the book from scratch with warnings as errors"
 	@echo "make browser      open every built page in headless Chromium (screenshots: _build/screenshots)"
@@ -104,6 +105,10 @@ unit: $(PASSED)/unit
 $(PASSED)/unit: $(STAMP) $(PACKAGE) $(TESTS)
 	$(PY) -m pytest tests src/qkv --doctest-modules --ignore=tests/browser
 	$(call passed,unit)
+
+# Cheap (it reads the notebooks), so it always runs: the table is in every `make test`.
+shape: $(STAMP)
+	$(PY) scripts/page_shape.py
 
 nbval: $(PASSED)/nbval
 	@echo "nbval: passed (re-runs when one of its inputs changes)"
