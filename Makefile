@@ -1,7 +1,7 @@
 # Queries, Keys and Values: build the book and run every check.
 #
 #   make book      create .venv if needed, build the HTML into _build/html
-#   make test      lint, unit tests, nbval (strict), strict book build, browser check
+#   make test      lint, unit tests, page shape, nbval (strict), strict book build, browser check
 #
 # Everything runs from the project's own .venv (created with python3 -m venv and
 # installed from requirements.txt). The install is redone only when
@@ -25,7 +25,7 @@ SANITIZE := book/nbval_sanitize.cfg
 NB ?= $(NOTEBOOKS)
 JB_BUILD := $(BIN)/jupyter-book build . --builder html
 # Stages of `make test`, in order; each one is also a target of its own.
-STAGES := lint unit nbval html-strict browser
+STAGES := lint unit shape nbval html-strict browser
 
 # Reproducible runs: the same hash seed in every kernel. (Leave MPLBACKEND unset:
 # kernels pick matplotlib's inline backend themselves.)
@@ -41,6 +41,7 @@ help:
 	@echo "make lint         ruff on the package, tests, scripts and notebooks; mypy --strict on the package;"
 	@echo "                  the GitHub workflows against GitHub's schema and zizmor's audit (offline)"
 	@echo "make unit         pytest on tests/ (without the browser check)"
+	@echo "make shape        measure every page against its shape's budget and print the table"
 	@echo "make nbval        re-run every page, perturbed as another CPU would, and compare with its stored outputs"
 	@echo "                  (PERTURB= runs them unperturbed)"
 	@echo "make stability    which stored outputs of a page change on another CPU (NB=book/x.ipynb)"
@@ -107,13 +108,18 @@ $(PASSED)/unit: $(STAMP) $(PACKAGE) $(TESTS)
 	$(PY) -m pytest tests src/qkv --doctest-modules --ignore=tests/browser
 	$(call passed,unit)
 
+# Cheap (it reads the notebooks), so it always runs: the table is in every `make test`.
+shape: $(STAMP)
+	$(PY) scripts/page_shape.py
+
 # Stored outputs must be the same on every machine, but another CPU (AVX-512 or AVX2,
 # Intel, AMD or ARM) or thread count changes the low digits of float32 sums. So every
 # page runs perturbed the same way: torch's kernels without SIMD and one thread per
 # kernel, which changes low digits here as another machine does (CONTRIBUTING.md,
-# "Stored outputs are the same on every machine"). A number stored with more digits than every machine agrees on
-# fails here, not on a reader's machine. With one thread each, two kernels share the
-# two cores. `make nbval PERTURB=` runs the pages as they are, one at a time.
+# "Stored outputs are the same on every machine"). A number stored with more digits
+# than every machine agrees on fails here, not on a reader's machine. With one thread
+# each, two kernels share the two cores. `make nbval PERTURB=` runs the pages as they
+# are, one at a time.
 PERTURB ?= ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 NBVAL_WORKERS := $(if $(PERTURB),-n 2 --dist loadfile,)
 nbval: $(PASSED)/nbval

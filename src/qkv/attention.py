@@ -300,7 +300,7 @@ def fused_attention(
     See Also
     --------
     attention : the explicit computation, which also returns the weights.
-    :doc:`heads` : the fused path checked against the others, section "The equivalence ladder".
+    :doc:`heads/ladder` : the fused path checked against the others.
 
     Examples
     --------

@@ -41,7 +41,8 @@ small function first.
 
 See also
 --------
-The chapter :doc:`heads`, section "A bug zoo" (book/heads.ipynb).
+The pages :doc:`equation/bug-zoo` and :doc:`heads/wrong-view` (book/equation/bug-zoo.ipynb,
+book/heads/wrong-view.ipynb).
 """
 
 from __future__ import annotations
@@ -395,7 +396,7 @@ def check_rows_sum_to_one(
     See Also
     --------
     run_checks
-    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
+    :doc:`equation/bug-zoo` : buggy layers and the checks that catch them.
 
     Examples
     --------
@@ -511,7 +512,7 @@ def check_mask_respected(
     See Also
     --------
     run_checks
-    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
+    :doc:`equation/bug-zoo` : buggy layers and the checks that catch them.
     """
     _check_tolerance(atol)
     if mask is None:
@@ -579,7 +580,7 @@ def check_permutation_invariant(
     See Also
     --------
     run_checks
-    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
+    :doc:`equation/bug-zoo` : buggy layers and the checks that catch them.
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -658,7 +659,7 @@ def check_causal(
     See Also
     --------
     qkv.causal_mask
-    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
+    :doc:`equation/bug-zoo` : buggy layers and the checks that catch them.
     """
     _check_tolerance(atol, rtol)
     q, k, v, _ = _prepare(attend, query, key, value, None)
@@ -778,7 +779,7 @@ def check_heads_independent(
     See Also
     --------
     qkv.split_heads
-    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
+    :doc:`equation/bug-zoo` : buggy layers and the checks that catch them.
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -944,7 +945,7 @@ def check_matches_reference(
     See Also
     --------
     qkv.multi_head_attention, qkv.attention
-    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
+    :doc:`equation/bug-zoo` : buggy layers and the checks that catch them.
     """
     _check_tolerance(atol, rtol)
     q, k, v, m = _prepare(attend, query, key, value, mask)
@@ -1039,7 +1040,7 @@ def run_checks(
     --------
     check_rows_sum_to_one, check_mask_respected, check_permutation_invariant,
     check_causal, check_heads_independent, check_matches_reference
-    :doc:`heads` : buggy layers and the checks that catch them, section "A bug zoo".
+    :doc:`equation/bug-zoo` : buggy layers and the checks that catch them.
 
     Examples
     --------

@@ -58,7 +58,7 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     See Also
     --------
     merge_heads : the inverse.
-    :doc:`heads` : which features land in which head, section "The reshape, made visible".
+    :doc:`heads` : which features land in which head, "Mistake 2".
 
     Examples
     --------
@@ -116,7 +116,7 @@ def merge_heads(x: Tensor) -> Tensor:
     See Also
     --------
     split_heads
-    :doc:`heads` : the heads concatenated, then mixed by the output projection.
+    :doc:`heads/merge` : the heads concatenated, then mixed by the output projection.
 
     Examples
     --------
@@ -165,7 +165,7 @@ class HeadWeights:
     multi_head_attention : the paper's equations computed from these weights.
     MultiHeadAttention.from_heads, MultiHeadAttention.to_heads
     qkv.interop.from_torch, qkv.interop.from_bert, qkv.interop.from_keras
-    :doc:`heads` : the per-head form beside the fused one, section "Three methods, one input".
+    :doc:`heads` : the per-head form beside the fused one.
 
     Examples
     --------
@@ -466,7 +466,7 @@ def multi_head_attention(
     See Also
     --------
     MultiHeadAttention : the same maths with fused projections.
-    :doc:`heads` : the paper's form as the first rung, section "The equivalence ladder".
+    :doc:`heads/ladder` : the paper's form as the first rung.
 
     Examples
     --------

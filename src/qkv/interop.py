@@ -14,8 +14,7 @@ W^O                    ``out_proj.weight``                 (d_model, d_model), t
 
 See also
 --------
-The chapter :doc:`heads`, section "The same weights in three real libraries"
-(book/heads.ipynb).
+The page :doc:`heads/packed-layouts` (book/heads/packed-layouts.ipynb).
 """
 
 from __future__ import annotations
@@ -91,7 +90,7 @@ def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
     See Also
     --------
     to_torch : the inverse.
-    :doc:`heads` : where each head sits in ``in_proj_weight``, section "PyTorch".
+    :doc:`heads/packed-layouts` : where each head sits in ``in_proj_weight``.
 
     Examples
     --------
@@ -156,7 +155,7 @@ def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadA
     See Also
     --------
     from_torch : the inverse.
-    :doc:`heads` : the same layer rebuilt in PyTorch, section "The equivalence ladder".
+    :doc:`heads/ladder` : the same layer rebuilt in PyTorch, rung 4.
 
     Examples
     --------
@@ -455,8 +454,7 @@ def interleaved_to_stacked(packed: Tensor, num_heads: int) -> Tensor:
     See Also
     --------
     stacked_to_interleaved : the inverse.
-    :doc:`heads` : the two packed layouts, and the silent bug of mixing them,
-        section "Packed layouts".
+    :doc:`heads/packed-layouts` : the two packed layouts, and the silent bug of mixing them.
 
     Examples
     --------
@@ -494,7 +492,7 @@ def stacked_to_interleaved(packed: Tensor, num_heads: int) -> Tensor:
     See Also
     --------
     interleaved_to_stacked : the inverse.
-    :doc:`heads` : the two packed layouts, section "Packed layouts".
+    :doc:`heads/packed-layouts` : the two packed layouts.
 
     Examples
     --------

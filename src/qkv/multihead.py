@@ -682,7 +682,7 @@ class MultiHeadAttention(_MultiHeadBase):
     --------
     PerHeadMultiHeadAttention : the same maths, one projection per head.
     qkv.interop.to_torch : convert to ``torch.nn.MultiheadAttention``.
-    :doc:`heads` : the fused layer beside the paper's form, section "The equivalence ladder".
+    :doc:`heads/ladder` : the fused layer beside the paper's form.
 
     Examples
     --------
@@ -1025,8 +1025,8 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
     concatenated and projected by ``out_proj`` (W^O). Same interface, same
     parameter count and same function as :class:`MultiHeadAttention`. It runs h
     separate projections, score products, softmaxes and weighted sums where the fused
-    module runs one of each, and is slower for it (measured in :doc:`heads`, section
-    "Cost").
+    module runs one of each, and is slower for it (measured in
+    :doc:`heads/cost`).
 
     Parameters
     ----------

@@ -5,7 +5,7 @@ that stored outputs equal a fresh run (the book's CI checks this with nbval).
 
 See also
 --------
-CONTRIBUTING.md, "Adding a chapter".
+CONTRIBUTING.md, "Adding a page".
 """
 
 from __future__ import annotations

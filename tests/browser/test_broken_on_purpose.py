@@ -90,9 +90,9 @@ def test_clipped_maths_is_caught_and_the_fade_says_it_scrolls(open_page) -> None
 
 def test_code_wider_than_the_column_is_caught_and_the_css_prevents_it(open_page) -> None:
     """An 88-character line of a chapter needs sideways scrolling at the theme's code size."""
-    without, _ = open_page("book/heads.html", width=DESKTOP, block=WITHOUT_CSS)
+    without, _ = open_page("book/heads/ladder.html", width=DESKTOP, block=WITHOUT_CSS)
     assert find_wider_than_column(without)
-    with_css, _ = open_page("book/heads.html", width=DESKTOP)
+    with_css, _ = open_page("book/heads/ladder.html", width=DESKTOP)
     assert not find_wider_than_column(with_css)
 
 

@@ -83,7 +83,7 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
     See Also
     --------
     qkv.diagrams.projection : X through W^Q, W^K and W^V at once.
-    :doc:`heads` : the per-head and fused methods compared, section "Three methods, one input".
+    :doc:`heads` : the per-head and fused methods compared.
 
     Examples
     --------
@@ -194,7 +194,7 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
     See Also
     --------
     qkv.split_heads : the right split.
-    :doc:`heads` : which entries land in which head, section "The reshape, made visible".
+    :doc:`heads` : which entries land in which head, "Mistake 2".
 
     Examples
     --------
@@ -330,7 +330,7 @@ def multi_head(layer: object, x: object) -> Figure:
     See Also
     --------
     qkv.merge_heads : the concatenation.
-    :doc:`heads` : how the output projection mixes the heads, one row block per head.
+    :doc:`heads/merge` : how the output projection mixes the heads, one row block per head.
 
     Examples
     --------
@@ -426,7 +426,7 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
     See Also
     --------
     qkv.interop.stacked_to_interleaved : the conversion drawn.
-    :doc:`heads` : the silent bug of loading one order into the other, section "Packed layouts".
+    :doc:`heads/packed-layouts` : the silent bug of loading one order into the other.
 
     Examples
     --------
