@@ -156,12 +156,14 @@ $(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
 # Runs every stage even when one fails, then fails if any did.
 test: $(STAMP)
 	@if [ -n "$(FORCE)" ]; then rm -rf $(PASSED); fi; \
-	passed=0; failed=0; failures=""; \
+	passed=0; failed=0; failures=""; times=""; \
 	for stage in $(STAGES); do \
-	    echo "=== make $$stage"; \
+	    echo "=== make $$stage"; start=$$(date +%s); \
 	    if $(MAKE) $$stage; then passed=$$((passed + 1)); \
 	    else failed=$$((failed + 1)); failures="$$failures $$stage"; fi; \
+	    times="$$times $$stage $$(( $$(date +%s) - start )) s;"; \
 	done; \
+	echo "stage times:$$times"; \
 	if [ $$failed -gt 0 ]; then echo "failed:$$failures"; fi; \
 	echo "summary: $$passed passed, $$failed failed"; \
 	test $$failed -eq 0

@@ -8,7 +8,8 @@
  * 2. Regions wider than the screen (display maths, code, tables) scroll sideways; mark
  *    them so that the CSS fades the edge where more is hidden, and make them reachable
  *    from the keyboard.
- * 3. Accessible names that match the visible text.
+ * 3. Accessible names that match the visible text, and a name for the sidebar's toggles
+ *    of deeper pages, which show only a chevron.
  * 4. Search results: maths as plain text, not TeX.
  */
 "use strict";
@@ -153,6 +154,20 @@
     // The name comes from the visible text ("Show code cell content", "Search Ctrl+K").
     document.querySelectorAll("summary[aria-label], .search-button-field[aria-label]")
       .forEach((el) => el.removeAttribute("aria-label"));
+    // The sidebar's toggle that opens a page's deeper pages shows only a chevron: its
+    // name says whose pages it shows.
+    document.querySelectorAll("li.has-children > details > summary").forEach((summary) => {
+      const link = summary.parentElement.parentElement.querySelector(":scope > a");
+      if (link && !summary.textContent.trim()) {
+        summary.setAttribute("aria-label", `The pages under ${link.textContent.trim()}`);
+      }
+    });
+    // Maths inside a link: MathJax makes each formula focusable, which would cut the
+    // link into smaller targets (and nest one control in another); the link is the
+    // control.
+    document.querySelectorAll("a mjx-container[tabindex]").forEach((maths) => {
+      maths.removeAttribute("tabindex");
+    });
     // The bibliography: docutils writes role="list" around entries whose role is not
     // "listitem", which screen readers then cannot list.
     document.querySelectorAll(".citation-list[role='list'] > .citation").forEach((entry) => {
@@ -176,7 +191,10 @@
   config.startup = config.startup || {};
   const pageReady = config.startup.pageReady;
   config.startup.pageReady = () =>
-    (pageReady ? pageReady() : window.MathJax.startup.defaultPageReady()).then(markOverflows);
+    (pageReady ? pageReady() : window.MathJax.startup.defaultPageReady()).then(() => {
+      markOverflows();
+      fixNames();
+    });
 
   ready(() => {
     patchSearch();
