@@ -21,6 +21,7 @@ from qkv.masks import additive_mask, causal_mask, from_torch_mask, padding_mask
 from qkv.multihead import AttentionHead, MultiHeadAttention, PerHeadMultiHeadAttention
 from qkv.notebook import get_device, glue, restart_notice, seed_everything, setup
 from qkv.plots import plot_attention, plot_heads
+from qkv.rotary import RotaryEmbedding, apply_rotary, half_to_interleaved, interleaved_to_half
 from qkv.view import AttentionView
 
 __version__ = "0.1.0"
@@ -33,8 +34,10 @@ __all__ = [
     "KeyValue",
     "MultiHeadAttention",
     "PerHeadMultiHeadAttention",
+    "RotaryEmbedding",
     "__version__",
     "additive_mask",
+    "apply_rotary",
     "attention",
     "causal_mask",
     "checks",
@@ -45,6 +48,8 @@ __all__ = [
     "get_device",
     "glue",
     "gradients",
+    "half_to_interleaved",
+    "interleaved_to_half",
     "interop",
     "merge_heads",
     "models",

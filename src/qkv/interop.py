@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from qkv._validation import require_positive_int, require_tensor, shape_str
 from qkv.heads import HeadWeights
+from qkv.rotary import RotaryEmbedding
 
 __all__ = [
     "from_bert",
@@ -33,6 +34,7 @@ __all__ = [
     "from_llama",
     "from_torch",
     "interleaved_to_stacked",
+    "rotary_from_llama",
     "stacked_to_interleaved",
     "to_torch",
 ]
@@ -344,10 +346,9 @@ def from_llama(module: Any) -> HeadWeights:
     ``qkv.MultiHeadAttention.from_heads`` holds it.
 
     Llama also rotates Q and K by rotary position embeddings (RoPE) inside its
-    forward pass; qkv's modules do not (yet). The two compute the same function
-    when the rotation is switched off, by passing ``cos = 1`` and ``sin = 0`` as
-    Llama's ``position_embeddings``: that is what the example and the tests check.
-    A Llama layer with real rotary embeddings gives other outputs.
+    forward pass, with the half-split pairing: :func:`rotary_from_llama` reads
+    them, and a ``MultiHeadAttention`` given both computes what the Llama layer
+    computes, cached decoding included.
 
     Parameters
     ----------
@@ -376,12 +377,15 @@ def from_llama(module: Any) -> HeadWeights:
     >>> hw = qkv.interop.from_llama(llama)
     >>> hw.num_heads, hw.num_kv_heads, hw.d_k
     (4, 2, 4)
+    >>> from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     >>> x = torch.randn(2, 5, 16)
-    >>> no_rotation = (torch.ones(2, 5, 4), torch.zeros(2, 5, 4))  # cos = 1, sin = 0
+    >>> rotation = LlamaRotaryEmbedding(config)(x, torch.arange(5)[None])  # cos, sin
     >>> # a mask added to the scores, (1, 1, T, T):
     >>> causal = torch.full((5, 5), float("-inf")).triu(1)[None, None]
-    >>> expected, _ = llama(x, position_embeddings=no_rotation, attention_mask=causal)
-    >>> output, _ = qkv.MultiHeadAttention.from_heads(hw)(x, is_causal=True)
+    >>> expected, _ = llama(x, position_embeddings=rotation, attention_mask=causal)
+    >>> mha = qkv.MultiHeadAttention.from_heads(hw)
+    >>> mha.rotary = qkv.interop.rotary_from_llama(llama)
+    >>> output, _ = mha(x, is_causal=True)
     >>> torch.allclose(output, expected, atol=1e-6)
     True
     """
@@ -409,6 +413,65 @@ def from_llama(module: Any) -> HeadWeights:
         )
     bias = all(with_bias)
     return _from_linears(module.q_proj, module.k_proj, module.v_proj, module.o_proj, h, h_kv, bias)
+
+
+def rotary_from_llama(module: Any) -> RotaryEmbedding:
+    """The rotary position embeddings of a Hugging Face Llama layer, model or configuration.
+
+    Hugging Face's Llama rotates each head's queries and keys with the half-split
+    pairing (dimension j with j + head_dim/2; its conversion script permutes the
+    rows of Meta's W^Q and W^K for it, see :func:`qkv.interleaved_to_half`), at the
+    frequencies ``rope_theta ** (-2j / head_dim)``, computing the angles in float32.
+    This returns the :class:`qkv.RotaryEmbedding` that does the same, for
+    ``MultiHeadAttention(..., rotary=...)`` or ``module.rotary = ...``.
+
+    Parameters
+    ----------
+    module : LlamaAttention, LlamaForCausalLM or LlamaConfig
+        Anything with a Llama ``config`` (or the configuration itself): its
+        ``rope_parameters`` (``rope_type`` "default" and ``rope_theta``), ``head_dim``
+        and ``max_position_embeddings`` are read.
+
+    Returns
+    -------
+    RotaryEmbedding
+        ``pairing="half"``, ``base=rope_theta``, ``angle_dtype=torch.float32``.
+
+    Raises
+    ------
+    ValueError
+        For a scaled rotation (``rope_type`` other than "default": linear, dynamic,
+        YaRN, Llama 3's), which qkv does not implement.
+
+    See Also
+    --------
+    from_llama : the layer's weights.
+    :doc:`rotary` : where position enters attention.
+
+    Examples
+    --------
+    >>> from transformers import LlamaConfig
+    >>> import qkv
+    >>> config = LlamaConfig(hidden_size=64, num_attention_heads=4)
+    >>> qkv.interop.rotary_from_llama(config)
+    RotaryEmbedding(d_k=16, base=10000.0, pairing='half', fraction=1.0, rotary_dim=16)
+    """
+    config = getattr(module, "config", module)
+    parameters = getattr(config, "rope_parameters", None)
+    if parameters is None:  # transformers before 5 kept them at the top of the configuration
+        scaling = getattr(config, "rope_scaling", None) or {}
+        parameters = {"rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+                      "rope_theta": getattr(config, "rope_theta", None)}  # fmt: skip
+    if not hasattr(config, "num_attention_heads") or parameters.get("rope_theta") is None:
+        raise TypeError(f"module must be a Llama layer, model or configuration, got {type(module).__name__}")
+    rope_type = parameters.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(
+            f"the configuration scales its rotation (rope_type={rope_type!r}); qkv implements only the "
+            "default rotation"
+        )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return RotaryEmbedding(int(head_dim), base=float(parameters["rope_theta"]), pairing="half")
 
 
 def _packed_blocks(name: str, packed: object, num_heads: object) -> tuple[Tensor, int, int]:

@@ -54,6 +54,7 @@ from qkv.attention import SDPA_HAS_GQA, explicit_attention, fused_attention_unch
 from qkv.cache import KeyValue, KVCache
 from qkv.heads import HeadWeights, expand_kv_heads, merge_heads_unchecked, split_heads_unchecked
 from qkv.masks import key_padding_to_mask, merge_masks
+from qkv.rotary import RotaryEmbedding, rotate_unchecked
 
 __all__ = ["AttentionHead", "MultiHeadAttention", "PerHeadMultiHeadAttention"]
 
@@ -666,6 +667,12 @@ class MultiHeadAttention(_MultiHeadBase):
         h_kv, the number of K/V heads; it must divide ``num_heads``, and query head
         i uses K/V head ``i // (num_heads / num_kv_heads)``. 1 is multi-query
         attention; the default, ``num_heads``, is multi-head attention.
+    rotary : RotaryEmbedding, optional
+        Rotary position embeddings (RoPE) for this module's ``d_k``: each head's
+        queries and keys are rotated by their positions after the projections and
+        before K/V heads are shared; values are not. Positions count from 0, or from
+        ``cache.length`` with a cache, which therefore holds rotated keys and raw
+        values. Not with ``key_value``. Settable later as ``module.rotary``.
     device, dtype : optional
         Where and in which dtype to create the parameters, as for ``nn.Linear``
         (``device="meta"`` creates them without memory; then ``to_empty`` and
@@ -710,6 +717,7 @@ class MultiHeadAttention(_MultiHeadBase):
     """
 
     _inference_features = True
+    _rotary: RotaryEmbedding | None = None  # a class default, so that modules pickled before it load
 
     def __init__(
         self,
@@ -725,6 +733,7 @@ class MultiHeadAttention(_MultiHeadBase):
         batch_first: bool = True,
         init: str = "linear",
         num_kv_heads: int | None = None,
+        rotary: RotaryEmbedding | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -732,6 +741,7 @@ class MultiHeadAttention(_MultiHeadBase):
             embed_dim, num_heads, kdim=kdim, vdim=vdim, d_k=d_k, d_v=d_v, bias=bias, dropout=dropout,
             batch_first=batch_first, init=init, num_kv_heads=num_kv_heads,
         )  # fmt: skip
+        self.rotary = rotary
         h, h_kv = self.num_heads, self.num_kv_heads
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(self.embed_dim, h * self.d_k, bias=bias, **factory)
@@ -751,11 +761,15 @@ class MultiHeadAttention(_MultiHeadBase):
         modules = cast("dict[str, nn.Module]", self._modules)
         q = split_heads_unchecked(project(modules["q_proj"], query), h)  # (B, h, T, d_k)
         if key_value is not None:
+            if self._rotary is not None:
+                raise ValueError("a module with rotary embeddings takes key and value, not key_value")
             k, v = key_value  # (B, h_kv, S, d_k), (B, h_kv, S, d_v)
         else:
             assert key is not None and value is not None  # given whenever key_value is not
             k = split_heads_unchecked(project(modules["k_proj"], key), h_kv)  # (B, h_kv, S_new, d_k)
             v = split_heads_unchecked(project(modules["v_proj"], value), h_kv)  # (B, h_kv, S_new, d_v)
+            if self._rotary is not None:  # RoPE: rotate at absolute positions, before the cache and GQA
+                q, k = self._rotate(q, k, 0 if cache is None else cache._length)
             if cache is not None:
                 # Recording when anything attention saves for backward requires grad, the query included.
                 needs_grad = q.requires_grad or k.requires_grad or v.requires_grad
@@ -777,6 +791,36 @@ class MultiHeadAttention(_MultiHeadBase):
             )  # (B, h, T, d_v)
         output = project(modules["out_proj"], merge_heads_unchecked(heads))  # (B, T, embed_dim)
         return output, weights
+
+    @property
+    def rotary(self) -> RotaryEmbedding | None:
+        """The rotary position embeddings applied to queries and keys, or None."""
+        return self._rotary
+
+    @rotary.setter
+    def rotary(self, rotary: RotaryEmbedding | None) -> None:
+        if rotary is not None:
+            if not isinstance(rotary, RotaryEmbedding):
+                raise TypeError(f"rotary must be a qkv.RotaryEmbedding or None, got {type(rotary).__name__}")
+            if rotary.d_k != self.d_k:
+                raise ValueError(
+                    f"rotary is for d_k={rotary.d_k}, but this module's heads have d_k={self.d_k}"
+                )
+        self._rotary = rotary
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self._rotary is None else f", rotary={self._rotary!r}")
+
+    def _rotate(self, q: Tensor, k: Tensor, past: int) -> tuple[Tensor, Tensor]:
+        """Queries (B, h, T, d_k) and new keys (B, h_kv, S_new, d_k) rotated at past, past + 1, ..."""
+        rotary = cast(RotaryEmbedding, self._rotary)
+        length = max(q.shape[2], k.shape[2])
+        positions = torch.arange(past, past + length, device=q.device)  # (max(T, S_new),)
+        angles = rotary.angles(positions)  # (max(T, S_new), r/2)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)  # (max(T, S_new), r/2) each
+        q = rotate_unchecked(q, cos[: q.shape[2]], sin[: q.shape[2]], rotary.pairing)  # (B, h, T, d_k)
+        k = rotate_unchecked(k, cos[: k.shape[2]], sin[: k.shape[2]], rotary.pairing)  # (B, h_kv, S_new, d_k)
+        return q, k
 
     def _project_key_value_unchecked(self, key: Tensor, value: Tensor) -> KeyValue:
         """Batch-first key (B, S, kdim) and value (B, S, vdim) through W^K and W^V, split into h_kv heads."""

@@ -23,6 +23,7 @@ from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
 from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
 from qkv.diagrams.roles import data_flow
+from qkv.diagrams.rotary import rotation
 
 __all__ = [
     "HEAD_COLOURS",
@@ -42,5 +43,6 @@ __all__ = [
     "patches_by_gid",
     "projection",
     "reshape",
+    "rotation",
     "texts_of",
 ]
