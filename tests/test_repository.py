@@ -439,3 +439,22 @@ def test_the_stability_script_measures_what_make_nbval_runs() -> None:
     spec.loader.exec_module(module)
     assert module.PERTURBATIONS["make nbval"] == perturb
     assert "ATEN_CPU_CAPABILITY" in perturb and perturb.get("OMP_NUM_THREADS") == "1"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_figure_has_alt_text_that_says_what_it_shows(path: Path) -> None:
+    """A stored figure needs ``mystnb.image.alt`` in its cell's metadata (four words at least).
+
+    The browser check finds the same after a full build; this finds it in seconds.
+    """
+    for index, cell in enumerate(_code_cells(path)):
+        tags = _tags(cell)
+        if "remove-cell" in tags or "remove-output" in tags:
+            continue
+        if not any("image/png" in output.get("data", {}) for output in cell.get("outputs", [])):
+            continue
+        alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
+        assert len(re.findall(r"[A-Za-z]+", alt)) >= 4, (
+            f"{path.name}: code cell {index} shows a figure without alt text; set "
+            'its metadata "mystnb": {"image": {"alt": "what the figure shows"}}'
+        )
