@@ -172,6 +172,61 @@ def test_forward_errors_name_the_argument_and_the_shapes(module_class):
         module(x, k, v, mask=torch.ones(B, S, dtype=torch.bool))
 
 
+# --- Silent traps, closed: each ran before and gave a wrong answer -----------------------------
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_a_float_mask_of_zeros_and_ones_is_refused_by_forward(module_class):
+    module = module_class(E, H).double()
+    x = inputs()[0]
+    blocked = torch.ones(T, T).bool().triu(1)  # (T, T): True = blocked
+    for mask in ((~blocked).double(), torch.ones(T, T, dtype=torch.float64)):
+        with pytest.raises(TypeError, match=r"mask holds only 0 and 1 as floats: .* pass mask\.bool\(\)"):
+            module(x, mask=mask)
+    hf_attention_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])  # (B, S): 1 = real token
+    with pytest.raises(
+        TypeError,
+        match=r"key_padding_mask holds only 0 and 1 as floats: .* pass attention_mask == 0",
+    ):
+        module(x, key_padding_mask=hf_attention_mask.double())
+    # The fixes the messages name:
+    expected = module(x, mask=hf_attention_mask.bool()[:, None, None, :], need_weights=True)
+    fixed = module(x, key_padding_mask=hf_attention_mask == 0, need_weights=True)
+    torch.testing.assert_close(fixed, expected)
+    causal = module(x, is_causal=True, need_weights=True)
+    torch.testing.assert_close(module(x, mask=(~blocked).double().bool(), need_weights=True), causal)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_qkv_padding_mask_as_key_padding_mask_is_refused_pointing_to_mask(module_class):
+    # qkv.padding_mask is True for real keys; torch's key_padding_mask is True for padding.
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = inputs(torch.float32)
+    keep = qkv.padding_mask([6, 3])  # (B, 1, 1, S)
+    message = r"the shape of qkv\.padding_mask\(lengths\), which is True for the real keys: pass it as mask="
+    with pytest.raises(ValueError, match=message):
+        module(x, k, v, key_padding_mask=keep)
+    torch.testing.assert_close(module(x, k, v, key_padding_mask=~keep[:, 0, 0]), module(x, k, v, mask=keep))
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_a_nested_tensor_is_refused_by_forward_naming_the_argument(module_class, layout):
+    # Before: AttributeError 'NestedIntNode' object has no attribute 'add' (jagged), RuntimeError (strided).
+    module = module_class(E, H)
+    with warnings.catch_warnings():  # torch calls its strided layout a prototype
+        warnings.simplefilter("ignore", UserWarning)
+        nested = torch.nested.nested_tensor([torch.randn(3, E), torch.randn(5, E)], layout=layout)
+        nested_mask = torch.nested.nested_tensor([torch.ones(5, 5, dtype=torch.bool)] * 2)
+    with pytest.raises(TypeError, match=r"query is a nested tensor \(torch\.nested\).*to_padded_tensor"):
+        module(nested)
+    padded = nested.to_padded_tensor(0.0)  # (B, 5, E)
+    with pytest.raises(TypeError, match=r"key is a nested tensor"):
+        module(padded, nested, padded)
+    with pytest.raises(TypeError, match=r"mask is a nested tensor"):
+        module(padded, mask=nested_mask)
+
+
 def test_from_heads_rejects_mismatched_weights():
     module = qkv.MultiHeadAttention(E, H)
     with pytest.raises(ValueError, match=r"weights have .* but this module has"):

@@ -79,6 +79,7 @@ def require_tensor(
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    require_not_nested(name, x)
     where = f" {layout}" if layout else ""
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions{where}, got shape {shape_str(x.shape)}")
@@ -89,6 +90,47 @@ def require_tensor(
     if floating and not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     return x
+
+
+def require_not_nested(name: str, x: Tensor) -> None:
+    """Refuse a nested tensor (``torch.nested``): qkv's shapes, masks and kernels are for regular ones."""
+    if x.is_nested:
+        raise TypeError(
+            f"{name} is a nested tensor (torch.nested), which qkv does not take: pad the sequences "
+            f"to one length ({name}.to_padded_tensor(0.0)) and pass which keys are padding "
+            "(key_padding_mask, or mask=qkv.padding_mask(lengths))"
+        )
+
+
+# What to pass instead of a floating mask of 0s and 1s, for each argument that takes one.
+ZERO_ONE_ADVICE = {
+    "mask": "if 1 means 'may attend' (Hugging Face's attention_mask), pass mask.bool(); an additive "
+    "mask blocks with -inf (qkv.additive_mask)",
+    "key_padding_mask": "for 1 = padding pass key_padding_mask.bool(); for Hugging Face's "
+    "attention_mask (1 = real token) pass attention_mask == 0",
+    "attn_mask": "torch's boolean attn_mask is True where blocked: for 1 = blocked pass "
+    "attn_mask.bool(), for 1 = may attend pass attn_mask == 0 (or mask=attn_mask.bool(), qkv's "
+    "convention)",
+}
+
+
+def require_not_zero_one(name: str, values: Tensor | np.ndarray) -> None:
+    """Refuse a floating mask that holds only 0 and 1 (at least one 1): it reads as "1 = attend".
+
+    A floating mask is added to the scores, so such a mask blocks nothing: almost
+    always a boolean mask converted with ``.float()``. Real additive masks (0 and
+    ``-inf``, ``finfo.min``, any bias) pass, and so does a mask of zeros. Not checked
+    inside ``torch.compile`` or ``torch.export``, where reading a tensor's values
+    would break the graph: the eager run checks it.
+    """
+    if isinstance(values, Tensor) and torch.compiler.is_compiling():
+        return
+    ones = values == 1
+    if bool(ones.any()) and bool((ones | (values == 0)).all()):
+        raise TypeError(
+            f"{name} holds only 0 and 1 as floats: added to the scores, it would block nothing; "
+            + ZERO_ONE_ADVICE.get(name, ZERO_ONE_ADVICE["mask"])
+        )
 
 
 def require_same_dtype_and_device(named: dict[str, Tensor]) -> None:
@@ -148,7 +190,8 @@ def require_mask(
 
     A mask is boolean (True = may attend) or floating (added to the scaled
     scores, ``-inf`` blocks), with at least two dimensions (..., T, S), and
-    broadcasts to the scores. Every entry point and both paths use this one check.
+    broadcasts to the scores; a floating one of only 0s and 1s is refused (it
+    would block nothing). Every entry point and both paths use this one check.
 
     Parameters
     ----------
@@ -166,6 +209,7 @@ def require_mask(
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a torch.Tensor (boolean or floating), got {type(mask).__name__}")
+    require_not_nested("mask", mask)
     floating = mask.dtype is not torch.bool
     if floating and not mask.is_floating_point():
         raise TypeError(
@@ -191,6 +235,8 @@ def require_mask(
         )
     if device is not None and mask.device != device:
         raise ValueError(f"mask is on {mask.device}, but query is on {device}")
+    if floating:
+        require_not_zero_one("mask", mask)
     return mask
 
 
@@ -295,7 +341,7 @@ def require_attention_masks(
     batch, T = q.shape[0], q.shape[1]
     m = None
     if mask is not None:
-        if isinstance(mask, Tensor) and mask.dim() == 3:
+        if isinstance(mask, Tensor) and not mask.is_nested and mask.dim() == 3:
             # (B, T, S) per sequence, as Keras takes it, or (h, T, S) per head? Both
             # broadcast when B == h, with different meanings: refuse to guess.
             raise ValueError(
@@ -317,6 +363,8 @@ def _multi_head_shapes_fit(
     """True when query, key and value are floating 3-D tensors whose sizes agree (see the caller)."""
     if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
         return False
+    if query.is_nested or key.is_nested or value.is_nested:  # a strided one has no .shape
+        return False
     if key is query and value is query:  # self-attention, the usual case: one tensor to look at
         shape = query.shape
         return len(shape) == 3 and features == (shape[2],) * 3 and query.is_floating_point()
@@ -335,13 +383,18 @@ def _multi_head_shapes_fit(
 def require_key_padding_mask(
     key_padding_mask: object, batch: int, S: int, query: Tensor, past: int = 0
 ) -> Tensor:
-    """Check a key padding mask of shape (B, S): True (or -inf) marks padding, as in torch."""
+    """Check a key padding mask of shape (B, S): True (or -inf) marks padding, as in torch.
+
+    The opposite of :func:`qkv.padding_mask` (B, 1, 1, S), True for a real key: given
+    that one, the message points to ``mask=``.
+    """
     name = "key_padding_mask"
     if not isinstance(key_padding_mask, Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor of shape (B, S), got {type(key_padding_mask).__name__}"
         )
     pad = key_padding_mask
+    require_not_nested(name, pad)
     if pad.dtype != torch.bool and not pad.is_floating_point():
         raise TypeError(
             f"{name} must be boolean (True = padding, ignored) or floating (added to the scores), "
@@ -350,15 +403,23 @@ def require_key_padding_mask(
         )
     if tuple(pad.shape) != (batch, S):
         cached = f", with S = {past} cached + {S - past} new keys" if past else ""
-        raise ValueError(
-            f"{name} must have shape (B, S) = {shape_str((batch, S))}{cached}, got {shape_str(pad.shape)}"
-        )
+        expected = f"{name} must have shape (B, S) = {shape_str((batch, S))}{cached}"
+        if pad.dim() == 4 and pad.shape[1] == pad.shape[2] == 1:
+            # qkv.padding_mask's shape, and its meaning is the opposite: True for a real key.
+            raise ValueError(
+                f"{expected}, got {shape_str(pad.shape)}, the shape of qkv.padding_mask(lengths), "
+                "which is True for the real keys: pass it as mask= (qkv's convention, True = may "
+                f"attend), or its inverse ~mask[:, 0, 0] as {name} (torch's, True = padding)"
+            )
+        raise ValueError(f"{expected}, got {shape_str(pad.shape)}")
     if pad.is_floating_point() and pad.dtype != query.dtype:
         raise TypeError(
             f"{name} has dtype {pad.dtype}, but query has dtype {query.dtype}; convert it with .to()"
         )
     if pad.device != query.device:
         raise ValueError(f"{name} is on {pad.device}, but query is on {query.device}")
+    if pad.is_floating_point():
+        require_not_zero_one(name, pad)
     return pad
 
 

@@ -19,6 +19,7 @@ from qkv._validation import (
     as_numpy,
     broadcasts_to,
     require_bool_mask,
+    require_not_zero_one,
     require_positive_int,
     require_tensor,
     shape_str,
@@ -247,11 +248,7 @@ def allowed_cells(mask: object, shape: tuple[int, ...], layout: str) -> np.ndarr
     if array.dtype == np.bool_:
         allowed = array
     elif np.issubdtype(array.dtype, np.floating):
-        if array.size and np.isin(array, (0.0, 1.0)).all() and (array == 1).any():
-            raise TypeError(
-                "mask holds only 0 and 1 as floats: added to the scores, it would block nothing; "
-                "if 1 means 'may attend' (Hugging Face's attention_mask), pass mask.bool()"
-            )
+        require_not_zero_one("mask", array)  # the check the attention functions and modules make
         allowed = array > ADDITIVE_BLOCK  # -inf, finfo.min and the like block
     else:
         raise TypeError(
