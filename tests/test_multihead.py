@@ -151,7 +151,8 @@ def test_forward_errors_name_the_argument_and_the_shapes(module_class):
         ((x, k, torch.randn(B, S, 8)), ValueError, r"value has 8 features, but vdim is 7"),
         ((x, k, v[:, :5]), ValueError, r"value has 5 positions, but the key's length S is 6"),
         ((x, k[:1], v[:1]), ValueError, r"key has 1 sequences in the batch, but the query's batch size is 2"),
-        ((x[0], k, v), ValueError, r"query must have 3 dimensions \(B, T, embed_dim\), got shape \(4, 12\)"),
+        ((x[0, 0], k, v), ValueError, r"query must have 3 dimensions \(B, T, embed_dim\), got shape \(12,\)"),
+        ((x[0], k, v), ValueError, r"key must have 2 dimensions \(S, kdim\), as the query is unbatched"),
         (
             (x.double(), k.double(), v.double()),
             TypeError,
@@ -329,6 +330,122 @@ def test_agrees_with_torch_multiheadattention_on_torchs_arguments(batch_first, p
     assert no_weights is None and weights.shape == ((B, T, S) if average else (B, H, T, S))
 
 
+def torch_attn_mask(kind, batch=B, dtype=torch.float64, seed=3):
+    """An attn_mask in torch's convention, each query keeping key 0 (torch gives NaN for none)."""
+    g = torch.Generator().manual_seed(seed)
+    lead = (batch * H,) if kind.endswith("3d") else ()  # torch's row b·h + i: sequence b, head i
+    blocked = torch.rand(*lead, T, S, generator=g) < 0.4  # True = blocked, torch's meaning
+    blocked[..., 0] = False
+    if kind.startswith("bool"):
+        return blocked
+    bias = torch.randn(*lead, T, S, generator=g, dtype=dtype)  # an additive mask: a bias, -inf blocks
+    return bias.masked_fill(blocked, float("-inf"))
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("kind", ["bool 2d", "float 2d", "bool 3d", "float 3d"])
+@pytest.mark.parametrize("padding", [False, True])
+def test_attn_mask_has_torchs_meaning(module_class, batch_first, kind, padding):
+    reference, fused = torch_pair(batch_first)
+    ours = module_class.from_heads(fused.to_heads(), batch_first=batch_first).eval()
+    x, k, v = inputs()
+    if not batch_first:
+        x, k, v = x.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    attn_mask = torch_attn_mask(kind)
+    pad = key_padding()[0 if kind.startswith("bool") else 1] if padding else None
+    expected, expected_weights = reference(
+        x, k, v, attn_mask=attn_mask, key_padding_mask=pad, average_attn_weights=False
+    )
+    output, weights = ours(x, k, v, attn_mask=attn_mask, key_padding_mask=pad, need_weights=True)
+    fast, _ = ours(x, k, v, attn_mask=attn_mask, key_padding_mask=pad)
+    torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(fast, expected)
+    torch.testing.assert_close(weights, expected_weights)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_a_torch_style_mask_needs_no_inverting_by_hand(module_class):
+    # Passed as mask=, torch's boolean mask (True = blocked) is qkv's inverted; attn_mask= reads it
+    # as torch does. Before, attn_mask= was a TypeError naming the private class _MultiHeadBase.
+    module = module_class(E, H).double()
+    x = torch.randn(1, 5, E, dtype=torch.float64)
+    blocked = torch.ones(5, 5).bool().triu(1)  # torch's causal mask
+    _, inverted = module(x, mask=blocked, need_weights=True)
+    assert inverted[0, :, 0, 1:].min() > 0 and inverted[0, :, -1].sum() == 0  # the trap, as before
+    _, weights = module(x, attn_mask=blocked, need_weights=True)
+    torch.testing.assert_close(weights, module(x, is_causal=True, need_weights=True)[1])
+    assert weights[0, :, 0, 1:].abs().max() == 0  # query 0 sees key 0 only
+    with pytest.raises(ValueError, match=r"pass mask= \(qkv's convention: True = may attend\) or attn_mask="):
+        module(x, mask=~blocked, attn_mask=blocked)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_bad_attn_masks_are_named(module_class):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = inputs(torch.float32)
+    cases = [
+        (
+            torch.zeros(S, T, dtype=torch.bool),
+            ValueError,
+            r"attn_mask must have shape \(T, S\) = \(4, 6\) or \(B·h, T, S\) = \(6, 4, 6\), .* got \(6, 4\)",
+        ),
+        (torch.zeros(B, T, S, dtype=torch.bool), ValueError, r"attn_mask must have shape .* got \(2, 4, 6\)"),
+        (torch.zeros(T, S, dtype=torch.long), TypeError, r"attn_mask must be boolean \(True = blocked"),
+        (torch.zeros(T, S, dtype=torch.float64), TypeError, r"attn_mask has dtype torch\.float64, but query"),
+        (torch.ones(T, S), TypeError, r"attn_mask holds only 0 and 1 as floats: .* pass attn_mask == 0"),
+        ([[False] * S] * T, TypeError, r"attn_mask must be a torch\.Tensor .* got list"),
+    ]
+    for attn_mask, error, message in cases:
+        with pytest.raises(error, match=message):
+            module(x, k, v, attn_mask=attn_mask)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("masks", ["none", "padding", "attn 2d", "attn 3d"])
+def test_unbatched_input_as_torch_takes_it(module_class, batch_first, masks):
+    reference, fused = torch_pair(batch_first)
+    ours = module_class.from_heads(fused.to_heads(), batch_first=batch_first).eval()
+    x, k, v = (t[1] for t in inputs())  # (T, E), (S, kdim), (S, vdim): one sequence, unbatched
+    arguments = {
+        "none": {},
+        "padding": {"key_padding_mask": key_padding()[0][0]},  # (S,)
+        "attn 2d": {"attn_mask": torch_attn_mask("bool 2d")},  # (T, S)
+        "attn 3d": {"attn_mask": torch_attn_mask("float 3d", batch=1)},  # (h, T, S)
+    }[masks]
+    for average in (True, False):
+        expected, expected_weights = reference(x, k, v, average_attn_weights=average, **arguments)
+        output, weights = ours(x, k, v, need_weights=True, average_attn_weights=average, **arguments)
+        torch.testing.assert_close(output, expected)  # (T, E)
+        torch.testing.assert_close(weights, expected_weights)  # (T, S) or (h, T, S)
+    fast, no_weights = ours(x, k, v, **arguments)
+    torch.testing.assert_close(fast, expected)
+    assert fast.shape == (T, E) and no_weights is None
+
+
+def test_unbatched_input_errors_show_the_shapes_as_passed():
+    module = qkv.MultiHeadAttention(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = (t[0] for t in inputs(torch.float32))
+    cases = [
+        ((torch.randn(T, 15), k, v), {}, r"query has 15 features, but embed_dim is 12 .* \(4, 15\)\)"),
+        ((x, k, torch.randn(S, 8)), {}, r"value has 8 features, but vdim is 7 \(value has shape \(6, 8\)\)"),
+        (
+            (x, k, v),
+            {"key_padding_mask": torch.zeros(1, S, dtype=torch.bool)},
+            r"key_padding_mask must have shape \(S,\) for an unbatched query, got \(1, 6\)",
+        ),
+    ]
+    for args, keywords, message in cases:
+        with pytest.raises(ValueError, match=message):
+            module(*args, **keywords)
+    cache = module.new_cache(batch_size=1, max_length=8)  # a batch of one: unbatched decoding works too
+    with torch.no_grad():
+        steps = [module(x[t : t + 1], k[t : t + 1], v[t : t + 1], cache=cache)[0] for t in range(T)]
+        full, _ = module(x, k[:T], v[:T], is_causal=True)
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-6, rtol=1e-5)
+
+
 def test_is_causal_agrees_with_torch_when_T_equals_S():
     reference, ours = torch_pair(kdim=E, vdim=E)
     x = inputs()[0]  # self-attention: T == S
@@ -383,10 +500,8 @@ def test_sequence_first_layout_is_the_batch_first_one_transposed(module_class):
     torch.testing.assert_close(output, expected.transpose(0, 1))  # (T, B, E)
     torch.testing.assert_close(weights, expected_weights)  # weights stay batch first, as in torch
     assert "batch_first=False" in repr(seq_first)
-    with pytest.raises(
-        ValueError, match=r"query has 12 features|query must have 3 dimensions \(T, B, embed_dim\)"
-    ):
-        seq_first(x[0])
+    with pytest.raises(ValueError, match=r"query must have 3 dimensions \(T, B, embed_dim\)"):
+        seq_first(x[0, 0])
 
 
 @pytest.mark.parametrize("module_class", MODULES)

@@ -285,6 +285,7 @@ def require_multi_head_inputs(
     batch_first: bool = True,
     key_padding_mask: object | None = None,
     past: int = 0,
+    attn_mask: object | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """Check the inputs of a multi-head attention layer and its masks.
 
@@ -292,14 +293,15 @@ def require_multi_head_inputs(
     floating point, or sequence first, (T, B, embed_dim) and so on, when
     ``batch_first`` is False; one batch size; keys and values of one length; a
     mask broadcastable to (B, h, T, S), boolean or of the query's dtype; a key
-    padding mask of shape (B, S). With ``past`` keys already cached, the masks
-    cover S = past + the key's length. Dtypes and devices of the weights are the
-    caller's to check.
+    padding mask of shape (B, S); or torch's ``attn_mask`` instead of ``mask``. With
+    ``past`` keys already cached, the masks cover S = past + the key's length. Dtypes
+    and devices of the weights are the caller's to check.
 
     Returns
     -------
     query, key, value, mask, key_padding_mask
-        The inputs, batch first (a transposed view when ``batch_first`` is False).
+        The inputs, batch first (a transposed view when ``batch_first`` is False);
+        ``mask`` in qkv's convention, from ``mask`` or from ``attn_mask``.
     """
     first, second = (0, 1) if batch_first else (1, 0)  # the batch axis, the position axis
     # The usual case in one pass (a layer runs once per token when decoding); only when it
@@ -318,7 +320,9 @@ def require_multi_head_inputs(
     q, k, v = cast(Tensor, query), cast(Tensor, key), cast(Tensor, value)
     if not batch_first:
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (B, T, ·), (B, S, ·)
-    m, padding = require_attention_masks(mask, key_padding_mask, q, past + k.shape[1], num_heads, past)
+    m, padding = require_attention_masks(
+        mask, key_padding_mask, q, past + k.shape[1], num_heads, past, attn_mask=attn_mask
+    )
     return q, k, v, m, padding
 
 
@@ -329,18 +333,34 @@ def require_attention_masks(
     S: int,
     num_heads: int,
     past: int = 0,
+    *,
+    attn_mask: object | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """Check a layer's ``mask`` against (B, h, T, S) and its ``key_padding_mask`` against (B, S).
 
     ``query`` is batch first, (B, T, features); S counts every key attended to,
-    the ``past`` ones already in a cache included.
+    the ``past`` ones already in a cache included. ``attn_mask``, torch's mask (see
+    :func:`require_torch_attn_mask`), may stand in for ``mask``, not beside it.
+
+    Returns
+    -------
+    mask, key_padding_mask
+        ``mask`` in qkv's convention (True = may attend, or additive), broadcastable
+        to (B, h, T, S); ``key_padding_mask`` as given (torch's convention).
     """
-    if mask is None and key_padding_mask is None:
+    if mask is None and key_padding_mask is None and attn_mask is None:
         return None, None
     q = query
     batch, T = q.shape[0], q.shape[1]
     m = None
-    if mask is not None:
+    if attn_mask is not None:
+        if mask is not None:
+            raise ValueError(
+                "pass mask= (qkv's convention: True = may attend) or attn_mask= (torch's: True = "
+                "blocked), not both; combine them into one, e.g. mask & ~attn_mask for boolean ones"
+            )
+        m = require_torch_attn_mask(attn_mask, batch, num_heads, T, S, q, past)
+    elif mask is not None:
         if isinstance(mask, Tensor) and not mask.is_nested and mask.dim() == 3:
             # (B, T, S) per sequence, as Keras takes it, or (h, T, S) per head? Both
             # broadcast when B == h, with different meanings: refuse to guess.
@@ -355,6 +375,93 @@ def require_attention_masks(
     if key_padding_mask is not None:
         padding = require_key_padding_mask(key_padding_mask, batch, S, q, past)
     return m, padding
+
+
+def require_torch_attn_mask(
+    attn_mask: object, batch: int, num_heads: int, T: int, S: int, query: Tensor, past: int = 0
+) -> Tensor:
+    """Check ``torch.nn.MultiheadAttention``'s ``attn_mask`` and return it as a qkv mask.
+
+    torch's meaning exactly: boolean True means *blocked*; floating is added to the
+    scores; (T, S) for every sequence and head, or (B·h, T, S), row ``b·h + i`` for
+    sequence b and head i (torch's order). (h, T, S) for an unbatched query, which
+    the caller has made a batch of one.
+
+    Returns
+    -------
+    Tensor, shape (T, S) or (B, h, T, S)
+        True where attention is allowed (boolean), or the same additive mask.
+    """
+    name = "attn_mask"
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor (boolean, True = blocked, or floating, added to the "
+            f"scores), got {type(attn_mask).__name__}"
+        )
+    require_not_nested(name, attn_mask)
+    blocked = attn_mask
+    if blocked.dtype != torch.bool and not blocked.is_floating_point():
+        raise TypeError(
+            f"{name} must be boolean (True = blocked, torch's convention) or floating (added to the "
+            f"scores), got dtype {blocked.dtype}; for a 0/1 mask with 1 = blocked use {name}.bool()"
+        )
+    two_d, three_d = (T, S), (batch * num_heads, T, S)
+    if tuple(blocked.shape) not in (two_d, three_d):
+        cached = f", with S = {past} cached + {S - past} new keys" if past else ""
+        raise ValueError(
+            f"{name} must have shape (T, S) = {shape_str(two_d)} or (B·h, T, S) = "
+            f"{shape_str(three_d)}{cached}, as torch.nn.MultiheadAttention takes it, got "
+            f"{shape_str(blocked.shape)}"
+        )
+    if blocked.is_floating_point() and blocked.dtype != query.dtype:
+        raise TypeError(
+            f"{name} has dtype {blocked.dtype}, but query has dtype {query.dtype}: a floating mask is "
+            f"added to the scores and must have the query's dtype; convert it with {name}.to(query.dtype)"
+        )
+    if blocked.device != query.device:
+        raise ValueError(f"{name} is on {blocked.device}, but query is on {query.device}")
+    if blocked.is_floating_point():
+        require_not_zero_one(name, blocked)
+    mask = ~blocked if blocked.dtype == torch.bool else blocked  # (T, S) or (B·h, T, S)
+    return mask.view(batch, num_heads, T, S) if mask.dim() == 3 else mask  # (T, S) or (B, h, T, S)
+
+
+def add_batch_axis(
+    query: Tensor,
+    key: object | None,
+    value: object | None,
+    key_padding_mask: object | None,
+    *,
+    embed_dim: int,
+    kdim: int,
+    vdim: int,
+    batch_first: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """An unbatched (T, embed_dim) query, and its key, value and key padding mask, as a batch of one.
+
+    As ``torch.nn.MultiheadAttention`` takes it: key (S, kdim) and value (S, vdim)
+    unbatched too, ``key_padding_mask`` (S,). The batch axis goes where the layout
+    has it (first, or second when ``batch_first`` is False); the features are
+    checked here, so that a message shows the shapes as they were passed.
+    """
+    axis = 0 if batch_first else 1
+    require_size("query", query, 1, embed_dim, "features", "embed_dim")
+    tensors: list[Tensor | None] = []
+    for name, x, features, against in (("key", key, kdim, "kdim"), ("value", value, vdim, "vdim")):
+        if x is None:
+            tensors.append(None)
+            continue
+        layout = f"(S, {against}), as the query is unbatched ({shape_str(query.shape)} = (T, embed_dim))"
+        tensor = require_tensor(name, x, ndim=2, layout=layout)
+        require_size(name, tensor, 1, features, "features", against)
+        tensors.append(tensor.unsqueeze(axis))  # (1, S, ·) or (S, 1, ·)
+    padding = key_padding_mask
+    if isinstance(padding, Tensor) and not padding.is_nested:
+        if padding.dim() != 1:
+            got = shape_str(padding.shape)
+            raise ValueError(f"key_padding_mask must have shape (S,) for an unbatched query, got {got}")
+        padding = padding[None]  # (1, S)
+    return query.unsqueeze(axis), tensors[0], tensors[1], cast("Tensor | None", padding)
 
 
 def _multi_head_shapes_fit(

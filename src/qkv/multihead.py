@@ -38,6 +38,7 @@ else:  # pragma: no cover - torch itself depends on typing_extensions
     from typing_extensions import Self
 
 from qkv._validation import (
+    add_batch_axis,
     require_attention_masks,
     require_bool,
     require_causal_sizes,
@@ -220,6 +221,7 @@ class _MultiHeadBase(nn.Module):
         *,
         mask: Tensor | None = ...,
         key_padding_mask: Tensor | None = ...,
+        attn_mask: Tensor | None = ...,
         need_weights: Literal[False] = ...,
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
@@ -236,6 +238,7 @@ class _MultiHeadBase(nn.Module):
         *,
         mask: Tensor | None = ...,
         key_padding_mask: Tensor | None = ...,
+        attn_mask: Tensor | None = ...,
         need_weights: Literal[True],
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
@@ -252,6 +255,7 @@ class _MultiHeadBase(nn.Module):
         *,
         mask: Tensor | None = ...,
         key_padding_mask: Tensor | None = ...,
+        attn_mask: Tensor | None = ...,
         need_weights: bool,
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
@@ -267,6 +271,7 @@ class _MultiHeadBase(nn.Module):
         *,
         mask: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
         need_weights: bool = False,
         average_attn_weights: bool = False,
         is_causal: bool = False,
@@ -278,26 +283,50 @@ class _MultiHeadBase(nn.Module):
         Everything after ``value`` is keyword-only, so that torch's positional
         order (``key_padding_mask`` fourth) cannot slip in with another meaning.
 
+        Two conventions for masks, each under its own name:
+
+        ================================  ==================  ==========================
+        argument                          boolean True means  shape
+        ================================  ==================  ==========================
+        ``mask`` (qkv's)                  may attend          broadcasts to (B, h, T, S)
+        ``attn_mask`` (torch's)           blocked             (T, S) or (B·h, T, S)
+        ``key_padding_mask`` (torch's)    padding (blocked)   (B, S)
+        ================================  ==================  ==========================
+
+        :func:`qkv.padding_mask` gives ``mask``'s form, (B, 1, 1, S) and True for
+        a real key: passed as ``key_padding_mask`` it is refused. A floating mask
+        of any of the three is added to the scores (``-inf`` blocks), and one
+        holding only 0s and 1s is refused, since it would block nothing.
+
         Parameters
         ----------
         query : Tensor, shape (B, T, embed_dim)
             (T, B, embed_dim) when the module has ``batch_first=False``; likewise
-            for ``key`` and ``value`` and the output.
+            for ``key`` and ``value`` and the output. Unbatched, (T, embed_dim),
+            as torch takes it: then ``key`` (S, kdim), ``value`` (S, vdim),
+            ``key_padding_mask`` (S,), ``attn_mask`` (T, S) or (h, T, S), and
+            the output and weights lose their batch axis.
         key : Tensor, shape (B, S, kdim), optional
             Defaults to ``query`` (self-attention).
         value : Tensor, shape (B, S, vdim), optional
             Defaults to ``key``.
         mask : Tensor, optional, broadcastable to (B, h, T, S)
-            Boolean: True means "may attend" (the opposite of
-            ``nn.MultiheadAttention``'s ``attn_mask``; see :func:`qkv.from_torch_mask`).
-            Floating, of the query's dtype: added to the scaled scores (``-inf``
-            blocks). (T, S) for one mask for all (e.g. :func:`qkv.causal_mask`),
-            (B, 1, 1, S) for padding (:func:`qkv.padding_mask`), (B, 1, T, S) per
-            sequence. A 2-D mask is always read as (T, S); a 3-D mask is refused
-            as ambiguous.
+            **qkv's meaning**: boolean True means "may attend", as in
+            ``F.scaled_dot_product_attention``. Floating, of the query's dtype:
+            added to the scaled scores (``-inf`` blocks). (T, S) for one mask for
+            all (e.g. :func:`qkv.causal_mask`), (B, 1, 1, S) for padding
+            (:func:`qkv.padding_mask`), (B, 1, T, S) per sequence. A 2-D mask is
+            always read as (T, S); a 3-D mask is refused as ambiguous.
         key_padding_mask : Tensor, shape (B, S), optional
             **torch's meaning**: boolean True marks a padding key to ignore
-            (floating: added to the scores). Combined with ``mask``.
+            (floating: added to the scores). Combined with ``mask`` or
+            ``attn_mask``. Hugging Face's ``attention_mask`` (1 = real token)
+            becomes ``attention_mask == 0``.
+        attn_mask : Tensor, shape (T, S) or (B·h, T, S), optional
+            **torch's meaning**, exactly as ``nn.MultiheadAttention`` reads it:
+            boolean True means *blocked*; floating, of the query's dtype, is
+            added to the scores; row ``b·h + i`` of a 3-D mask is sequence b's,
+            head i's. Instead of ``mask``, not beside it (that is an error).
         need_weights : bool
             Also return the attention weights (the explicit path); otherwise the
             fused ``F.scaled_dot_product_attention`` runs and ``weights`` is None.
@@ -328,11 +357,17 @@ class _MultiHeadBase(nn.Module):
         Returns
         -------
         output : Tensor, shape (B, T, embed_dim)
-            (T, B, embed_dim) when ``batch_first=False``.
+            (T, B, embed_dim) when ``batch_first=False``; (T, embed_dim) unbatched.
         weights : Tensor, shape (B, h, T, S) or (B, T, S), or None
             With ``need_weights`` only; rows sum to 1 (0 for a query with no
-            allowed key). These are the weights before dropout. Batch first in
-            either layout, as in torch.
+            allowed key, where torch gives NaN). These are the weights before
+            dropout. Batch first in either layout, as in torch; without the batch
+            axis for an unbatched query.
+
+        See Also
+        --------
+        qkv.from_torch_mask : torch's boolean mask in qkv's convention.
+        :doc:`equation` : each library's mask convention, section "Masks".
 
         Examples
         --------
@@ -353,10 +388,23 @@ class _MultiHeadBase(nn.Module):
         ...     x, key_padding_mask=pad, need_weights=True, average_attn_weights=True)
         >>> weights.shape, weights[0, :, 4].abs().max().item()
         (torch.Size([2, 5, 5]), 0.0)
+
+        torch's ``attn_mask``, True where blocked, on one unbatched sequence (T, E):
+
+        >>> blocked = torch.ones(5, 5, dtype=torch.bool).triu(1)  # torch's causal mask
+        >>> out, weights = mha(x[0], attn_mask=blocked, need_weights=True)
+        >>> out.shape, weights.shape, weights[:, 0, 1:].abs().max().item()
+        (torch.Size([5, 12]), torch.Size([3, 5, 5]), 0.0)
         """
+        unbatched = isinstance(query, Tensor) and not query.is_nested and query.dim() == 2
+        if unbatched:  # torch's (T, E) input: a batch of one, taken off again at the end
+            query, key, value, key_padding_mask = add_batch_axis(
+                query, key, value, key_padding_mask, embed_dim=self.embed_dim, kdim=self.kdim,
+                vdim=self.vdim, batch_first=self.batch_first,
+            )  # fmt: skip
         q, k, v, m = self._check_forward(
             query, key, value, mask, key_padding_mask, need_weights, average_attn_weights, is_causal,
-            cache, key_value,
+            cache, key_value, attn_mask,
         )  # fmt: skip
         dropout_p = self.dropout if self.training else 0.0
         try:
@@ -366,6 +414,8 @@ class _MultiHeadBase(nn.Module):
             raise error
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # (B, T, S)
+        if unbatched:
+            return output[0], None if weights is None else weights[0]  # (T, E), (h, T, S) or (T, S)
         if not self.batch_first:
             output = output.transpose(0, 1)  # (T, B, embed_dim)
         return output, weights
@@ -396,6 +446,7 @@ class _MultiHeadBase(nn.Module):
         is_causal: object,
         cache: object | None = None,
         key_value: object | None = None,
+        attn_mask: object | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """Validate forward's arguments once, at the boundary; one mask, batch-first inputs."""
         if (cache is not None or key_value is not None) and not self._inference_features:
@@ -420,7 +471,9 @@ class _MultiHeadBase(nn.Module):
             q = self._check_query(query)
             keys = self._check_key_value(key_value, q)
             S = keys.shape[2]
-            m, padding = require_attention_masks(mask, key_padding_mask, q, S, self.num_heads)
+            m, padding = require_attention_masks(
+                mask, key_padding_mask, q, S, self.num_heads, attn_mask=attn_mask
+            )
             k = v = None
         else:
             key = query if key is None else key
@@ -433,7 +486,7 @@ class _MultiHeadBase(nn.Module):
             q, k, v, m, padding = require_multi_head_inputs(
                 query, key, value, mask, num_heads=self.num_heads, embed_dim=self.embed_dim,
                 kdim=self.kdim, vdim=self.vdim, batch_first=self.batch_first,
-                key_padding_mask=key_padding_mask, past=past,
+                key_padding_mask=key_padding_mask, past=past, attn_mask=attn_mask,
             )  # fmt: skip
             if cache is not None:
                 self._check_cache(cache, q, k)
