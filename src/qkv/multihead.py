@@ -54,6 +54,7 @@ from qkv._validation import (
 from qkv.attention import SDPA_HAS_GQA, explicit_attention, fused_attention_unchecked
 from qkv.cache import KeyValue, KVCache
 from qkv.heads import HeadWeights, expand_kv_heads, merge_heads_unchecked, split_heads_unchecked
+from qkv.interop import heads_from_torch_tensors, torch_parameter_shapes
 from qkv.masks import key_padding_to_mask, merge_masks
 
 __all__ = ["AttentionHead", "MultiHeadAttention", "PerHeadMultiHeadAttention"]
@@ -85,6 +86,10 @@ def project(layer: nn.Module, x: Tensor) -> Tensor:
 
 
 INITS = ("linear", "torch")
+
+# Entries of a torch.nn.MultiheadAttention state dict that qkv's own layout does not have.
+TORCH_ONLY_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                   "bias_k", "bias_v")  # fmt: skip
 
 
 def _autocast_enabled(device: torch.device) -> bool:
@@ -662,9 +667,72 @@ class _MultiHeadBase(nn.Module):
         module.load_heads(weights)
         return module
 
+    @torch.no_grad()
     def load_heads(self, weights: HeadWeights) -> None:
-        """Copy per-head weights into this module's parameters (in place)."""
+        """Copy per-head weights into this module's parameters (in place).
+
+        ``nn.Linear`` stores W transposed: head i's W_i^Q (d_model, d_k) becomes rows
+        ``[i·d_k, (i+1)·d_k)`` of :class:`MultiHeadAttention`'s ``q_proj.weight``, and
+        ``heads[i].q_proj.weight`` of :class:`PerHeadMultiHeadAttention`'s.
+        """
+        self._check_heads(weights)
+        for name, tensor in self._state_from_heads(weights).items():
+            self.get_parameter(name).copy_(tensor)
+
+    def _state_from_heads(self, weights: HeadWeights) -> dict[str, Tensor]:
+        """Per-head weights (checked against the module) as this module's state-dict entries."""
         raise NotImplementedError
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # load_state_dict calls this for every module, before its children: torch's layout
+        # becomes this module's own here, and the projections then load it as usual.
+        if any(prefix + name in state_dict for name in TORCH_ONLY_KEYS):
+            self._read_torch_state(state_dict, prefix)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _read_torch_state(self, state_dict: dict[str, Any], prefix: str) -> None:
+        """Replace ``torch.nn.MultiheadAttention``'s entries under ``prefix`` by this module's (in place)."""
+        where = f"state_dict (at {prefix!r})" if prefix else "state_dict"
+        if prefix + "bias_k" in state_dict or prefix + "bias_v" in state_dict:
+            raise ValueError(
+                f"{where} holds bias_k and bias_v, from torch.nn.MultiheadAttention(add_bias_kv=True), "
+                "which adds a learned key and value to every sequence; qkv's modules have no such position"
+            )
+        h, sizes = self.num_heads, (self.num_kv_heads, self.d_k, self.d_v)
+        if sizes != (h, self.embed_dim // h, self.embed_dim // h) or self.embed_dim % h:
+            raise ValueError(
+                f"{where} holds torch.nn.MultiheadAttention's weights, which have one K/V head per "
+                "query head and d_k = d_v = embed_dim / num_heads, but this module has "
+                f"num_kv_heads={self.num_kv_heads} for num_heads={h}, d_k={self.d_k}, d_v={self.d_v} "
+                f"and embed_dim={self.embed_dim}: build it with num_kv_heads, d_k and d_v left at "
+                "their defaults"
+            )
+        names = (*TORCH_ONLY_KEYS, "out_proj.weight", "out_proj.bias")
+        found = {name: state_dict[prefix + name] for name in names if prefix + name in state_dict}
+        expected = torch_parameter_shapes(self.embed_dim, self.kdim, self.vdim, self.bias)
+        if {name: tuple(tensor.shape) for name, tensor in found.items()} != expected:
+            got = ", ".join(f"{name} {shape_str(tensor.shape)}" for name, tensor in found.items())
+            wanted = ", ".join(f"{name} {shape_str(shape)}" for name, shape in expected.items())
+            raise ValueError(
+                f"{where} holds torch.nn.MultiheadAttention's weights {got}, but this module "
+                f"(embed_dim={self.embed_dim}, kdim={self.kdim}, vdim={self.vdim}, bias={self.bias}) "
+                f"takes {wanted} in that layout"
+            )
+        weights = heads_from_torch_tensors(found, h)
+        for name in found:
+            del state_dict[prefix + name]
+        state_dict.update({prefix + name: tensor for name, tensor in self._state_from_heads(weights).items()})
 
     def to_heads(self) -> HeadWeights:
         """The module's weights in the paper's per-head form (detached copies)."""
@@ -687,6 +755,12 @@ class MultiHeadAttention(_MultiHeadBase):
     weights are per head unless ``average_attn_weights=True``; and each
     projection is an ``nn.Linear`` initialised as ``nn.Linear`` is
     (``init="torch"`` gives torch's Xavier-uniform projections and zero biases).
+
+    Checkpoints move both ways: ``load_state_dict`` takes an
+    ``nn.MultiheadAttention`` state dict as it is (``in_proj_weight``, or
+    ``q/k/v_proj_weight`` when kdim or vdim differ, ``in_proj_bias``,
+    ``out_proj.*``), alone or inside a model's, and
+    :func:`qkv.interop.to_torch_state_dict` writes one that torch's module loads.
 
     For inference it keeps keys and values: a :class:`KVCache` for decoding
     (``forward(..., cache=...)``), keys and values projected once for
@@ -753,6 +827,17 @@ class MultiHeadAttention(_MultiHeadBase):
     >>> out, _ = mha(torch.randn(4, 2, 12, dtype=torch.float64))  # (T, B, embed_dim)
     >>> out.shape, mha.q_proj.bias.abs().max().item()
     (torch.Size([4, 2, 12]), 0.0)
+
+    torch's checkpoint, loaded as it is:
+
+    >>> sizes = {"kdim": 10, "vdim": 7}
+    >>> reference = torch.nn.MultiheadAttention(12, 3, batch_first=True, **sizes)
+    >>> mha = qkv.MultiHeadAttention(12, 3, **sizes)
+    >>> mha.load_state_dict(reference.state_dict())
+    <All keys matched successfully>
+    >>> v = torch.randn(2, 6, 7)
+    >>> torch.allclose(mha(x, memory, v)[0], reference(x, memory, v)[0], atol=1e-6)
+    True
 
     Grouped-query attention: 8 query heads share 2 K/V heads, so K and V are a
     quarter of the size:
@@ -938,25 +1023,21 @@ class MultiHeadAttention(_MultiHeadBase):
             device=parameter.device if device is None else device,
         )
 
-    @torch.no_grad()
-    def load_heads(self, weights: HeadWeights) -> None:
-        """Copy per-head weights into the fused projections (in place).
-
-        ``nn.Linear`` stores W transposed, so head i's W_i^Q (d_model, d_k)
-        becomes rows ``[i·d_k, (i+1)·d_k)`` of ``q_proj.weight``.
-        """
-        self._check_heads(weights)
+    def _state_from_heads(self, weights: HeadWeights) -> dict[str, Tensor]:
         w = weights
-        self.q_proj.weight.copy_(w.w_q.transpose(1, 2).reshape(-1, self.embed_dim))  # (h·d_k, d_model)
-        self.k_proj.weight.copy_(w.w_k.transpose(1, 2).reshape(-1, self.kdim))  # (h_kv·d_k, kdim)
-        self.v_proj.weight.copy_(w.w_v.transpose(1, 2).reshape(-1, self.vdim))  # (h_kv·d_v, vdim)
-        self.out_proj.weight.copy_(w.w_o.T)  # (d_model, h·d_v)
+        state = {
+            "q_proj.weight": w.w_q.transpose(1, 2).reshape(-1, self.embed_dim),  # (h·d_k, d_model)
+            "k_proj.weight": w.w_k.transpose(1, 2).reshape(-1, self.kdim),  # (h_kv·d_k, kdim)
+            "v_proj.weight": w.w_v.transpose(1, 2).reshape(-1, self.vdim),  # (h_kv·d_v, vdim)
+            "out_proj.weight": w.w_o.T.contiguous(),  # (d_model, h·d_v)
+        }
         if w.biases is not None:
             b_q, b_k, b_v, b_o = w.biases
-            self.q_proj.bias.copy_(b_q.reshape(-1))  # (h·d_k,)
-            self.k_proj.bias.copy_(b_k.reshape(-1))  # (h_kv·d_k,)
-            self.v_proj.bias.copy_(b_v.reshape(-1))  # (h_kv·d_v,)
-            self.out_proj.bias.copy_(b_o)  # (d_model,)
+            state["q_proj.bias"] = b_q.reshape(-1)  # (h·d_k,)
+            state["k_proj.bias"] = b_k.reshape(-1)  # (h_kv·d_k,)
+            state["v_proj.bias"] = b_v.reshape(-1)  # (h_kv·d_v,)
+            state["out_proj.bias"] = b_o  # (d_model,)
+        return state
 
     def to_heads(self) -> HeadWeights:
         """The fused weights cut into the paper's per-head form (detached copies).
@@ -1165,23 +1246,20 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
         output = self.out_proj(torch.cat(outputs, dim=-1))  # (B, T, embed_dim)
         return output, torch.stack(weights, dim=1) if need_weights else None
 
-    @torch.no_grad()
-    def load_heads(self, weights: HeadWeights) -> None:
-        """Copy per-head weights into the heads (in place)."""
-        self._check_heads(weights)
+    def _state_from_heads(self, weights: HeadWeights) -> dict[str, Tensor]:
         w = weights
-        for i, module in enumerate(self.heads):
-            head = cast(AttentionHead, module)
-            head.q_proj.weight.copy_(w.w_q[i].T)  # (d_k, d_model)
-            head.k_proj.weight.copy_(w.w_k[i].T)  # (d_k, kdim)
-            head.v_proj.weight.copy_(w.w_v[i].T)  # (d_v, vdim)
+        state = {}
+        for i in range(self.num_heads):
+            state[f"heads.{i}.q_proj.weight"] = w.w_q[i].T  # (d_k, d_model)
+            state[f"heads.{i}.k_proj.weight"] = w.w_k[i].T  # (d_k, kdim)
+            state[f"heads.{i}.v_proj.weight"] = w.w_v[i].T  # (d_v, vdim)
             if w.biases is not None:
-                head.q_proj.bias.copy_(w.biases[0][i])
-                head.k_proj.bias.copy_(w.biases[1][i])
-                head.v_proj.bias.copy_(w.biases[2][i])
-        self.out_proj.weight.copy_(w.w_o.T)  # (d_model, h·d_v)
+                for role, bias in zip("qkv", w.biases[:3], strict=True):
+                    state[f"heads.{i}.{role}_proj.bias"] = bias[i]  # (d_k,) or (d_v,)
+        state["out_proj.weight"] = w.w_o.T  # (d_model, h·d_v)
         if w.biases is not None:
-            self.out_proj.bias.copy_(w.biases[3])
+            state["out_proj.bias"] = w.biases[3]  # (d_model,)
+        return state
 
     def to_heads(self) -> HeadWeights:
         """The heads' weights in the paper's orientation (detached copies)."""
