@@ -706,3 +706,101 @@ def test_a_mismatch_is_blamed_on_the_input_that_has_it(module_class):
         module(x.to("meta"), k.to("meta"), v.to("meta"))  # autocast knows no meta device
     numpy_dropout = module_class(E, H, dropout=__import__("numpy").float32(0.25))
     assert numpy_dropout.dropout == 0.25
+
+
+# --- A drop-in inside torch's transformer layers -------------------------------------------------
+
+
+def torch_layer_pair(kind, num_heads, batch_first):
+    """torch's layer, and a copy whose attention is qkv's, loaded from torch's state dict."""
+    torch.manual_seed(0)
+    make = nn.TransformerEncoderLayer if kind == "encoder" else nn.TransformerDecoderLayer
+    reference = make(E, num_heads, dim_feedforward=16, dropout=0.0, batch_first=batch_first).double()
+    ours = make(E, num_heads, dim_feedforward=16, dropout=0.0, batch_first=batch_first).double()
+    sizes = {"batch_first": batch_first, "dtype": torch.float64}
+    ours.self_attn = qkv.MultiHeadAttention(E, num_heads, **sizes)
+    if kind == "decoder":
+        ours.multihead_attn = qkv.MultiHeadAttention(E, num_heads, **sizes)
+    ours.load_state_dict(reference.state_dict())  # torch's in_proj_weight, at "self_attn." and beyond
+    return reference, ours
+
+
+def layer_arguments(kind, case, batch_first):
+    """Inputs and masks for a layer: T = 4 targets, S = 6 sources, sequence 0 padded."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B, S, E, generator=g, dtype=torch.float64)  # (B, S, E): the encoder's source
+    y = torch.randn(B, T, E, generator=g, dtype=torch.float64)  # (B, T, E): the decoder's target
+    if not batch_first:
+        x, y = x.transpose(0, 1), y.transpose(0, 1)
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[0, 4:] = True  # True = padding, torch's meaning
+    causal = nn.Transformer.generate_square_subsequent_mask  # (L, L), -inf above the diagonal
+    if kind == "encoder":
+        masks = {
+            "none": {},
+            "padding": {"src_key_padding_mask": pad},
+            "causal": {"src_mask": causal(S, dtype=torch.float64), "is_causal": True},
+            "bool mask and padding": {"src_mask": causal(S).isinf(), "src_key_padding_mask": pad},
+        }[case]
+        return (x,), masks
+    masks = {
+        "none": {},
+        "padding": {"memory_key_padding_mask": pad, "tgt_key_padding_mask": pad.flip(0)[:, 1 : T + 1]},
+        "causal": {"tgt_mask": causal(T, dtype=torch.float64), "tgt_is_causal": True},
+        "bool mask and padding": {
+            "tgt_mask": causal(T).isinf(),
+            "memory_mask": torch.eye(T, S, dtype=torch.bool),  # (T, S): True = blocked
+            "memory_key_padding_mask": pad,
+        },
+    }[case]
+    return (y, x), masks
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+@pytest.mark.parametrize("num_heads", [3, 4])  # 4: an even count, for torch's own eval fast path
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("case", ["none", "padding", "causal", "bool mask and padding"])
+def test_a_drop_in_for_the_attention_of_torchs_transformer_layers(kind, num_heads, batch_first, case):
+    reference, ours = torch_layer_pair(kind, num_heads, batch_first)
+    inputs_, masks = layer_arguments(kind, case, batch_first)
+    # Training mode, gradients recorded:
+    expected_inputs = [t.clone().requires_grad_() for t in inputs_]
+    our_inputs = [t.clone().requires_grad_() for t in inputs_]
+    expected = reference.train()(*expected_inputs, **masks)
+    output = ours.train()(*our_inputs, **masks)
+    torch.testing.assert_close(output, expected)
+    expected.square().sum().backward()
+    output.square().sum().backward()
+    for a, b in zip(our_inputs, expected_inputs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    # Evaluation without gradients, where torch's encoder layer takes its fused kernel (even heads,
+    # batch first) and calls qkv's module instead:
+    fused_calls = []
+    fused_kernel = torch._transformer_encoder_layer_fwd
+
+    def counted(*args, **kwargs):
+        fused_calls.append(args[0].shape)
+        return fused_kernel(*args, **kwargs)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "_transformer_encoder_layer_fwd", counted)
+        output = ours.eval()(*inputs_, **masks)
+        assert not fused_calls  # qkv's forward ran
+        expected = reference.eval()(*inputs_, **masks)
+    torch.testing.assert_close(output, expected)
+    assert len(fused_calls) == (kind == "encoder" and num_heads % 2 == 0 and batch_first)
+
+
+def test_torchs_encoder_stack_runs_with_qkv_layers():
+    reference, ours = torch_layer_pair("encoder", 4, batch_first=True)
+    with pytest.warns(UserWarning, match=r"self_attn\._qkv_same_embed_dim was not True"):
+        stack = nn.TransformerEncoder(ours, num_layers=2)  # torch says why it keeps its nested path off
+    torch_stack = nn.TransformerEncoder(reference, num_layers=2)
+    (x,), masks = layer_arguments("encoder", "padding", batch_first=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch calls its strided nested tensors a prototype
+        expected = torch_stack.eval()(x, **masks)  # torch's own nested-tensor fast path: 0 at padding
+    with torch.no_grad():
+        output = stack.eval()(x, **masks)
+    real = ~masks["src_key_padding_mask"]  # (B, S)
+    torch.testing.assert_close(output[real], expected[real])

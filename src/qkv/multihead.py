@@ -9,10 +9,12 @@ They compute the same function; :meth:`~MultiHeadAttention.to_heads` and
 
 Both are meant to stand in for ``torch.nn.MultiheadAttention`` without
 surprises: ``forward`` always returns ``(output, weights)`` (``weights`` is None
-unless asked for), takes torch's ``key_padding_mask``, ``is_causal``,
-``average_attn_weights`` and a sequence-first layout (``batch_first=False``).
-Where qkv differs from torch it says so: masks are True where a query *may*
-attend, ``is_causal`` aligns to the bottom right, the default layout is batch
+unless asked for), takes torch's ``attn_mask``, ``key_padding_mask``,
+``is_causal``, ``average_attn_weights``, unbatched (T, E) input and a
+sequence-first layout (``batch_first=False``), and sits inside
+``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``.
+Where qkv differs from torch it says so: its own ``mask`` is True where a query
+*may* attend, ``is_causal`` aligns to the bottom right, the default layout is batch
 first, and attention weights are per head unless averaged. TorchScript is not
 supported (use ``torch.compile``, or ``torch.export`` for a deployable graph).
 
@@ -118,6 +120,13 @@ class _MultiHeadBase(nn.Module):
     # a cache, precomputed keys and values): MultiHeadAttention does, the per-head module not.
     _inference_features = False
 
+    # torch's transformer layers read nn.MultiheadAttention's _qkv_same_embed_dim and
+    # in_proj_bias in eval mode, to decide whether to bypass the module for a fused kernel
+    # of their own that takes a packed in_proj_weight. qkv has no packed weight (as torch's
+    # module has none when kdim or vdim differ), so they call forward, which runs qkv's
+    # projections (a hook, a subclass such as LoRA) and qkv's masks.
+    _qkv_same_embed_dim = False
+
     def __init__(
         self,
         embed_dim: int,
@@ -143,6 +152,19 @@ class _MultiHeadBase(nn.Module):
         if init not in INITS:
             raise ValueError(f'init must be "linear" or "torch", got {init!r}')
         self.init = init
+
+    @property
+    def in_proj_bias(self) -> Tensor | None:
+        """The Q, K and V biases end to end, (h·d_k + h_kv·d_k + h_kv·d_v,), or None without bias.
+
+        ``torch.nn.MultiheadAttention``'s name for them: torch's transformer layers
+        read it (a new tensor each time; the parameters are the projections' biases).
+        """
+        return torch.cat(self._projection_biases()) if self.bias else None  # (h·d_k + h_kv·d_k + h_kv·d_v,)
+
+    def _projection_biases(self) -> list[Tensor]:
+        """The Q, K and V projections' biases, in that order (the module has biases)."""
+        raise NotImplementedError
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A module pickled whole before grouped-query attention existed has no num_kv_heads.
@@ -879,6 +901,9 @@ class MultiHeadAttention(_MultiHeadBase):
         if init != "linear":
             self.reset_parameters()
 
+    def _projection_biases(self) -> list[Tensor]:
+        return [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]  # (h·d_k,), (h_kv·d_k,), (h_kv·d_v,)
+
     def _attend(
         self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None,
         need_weights: bool, dropout_p: float, is_causal: bool, cache: KVCache | None,
@@ -1225,6 +1250,10 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
         )
         if init != "linear":
             self.reset_parameters()
+
+    def _projection_biases(self) -> list[Tensor]:
+        heads = [cast(AttentionHead, head) for head in self.heads]
+        return [getattr(head, name).bias for name in ("q_proj", "k_proj", "v_proj") for head in heads]
 
     def _attend(
         self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None,
