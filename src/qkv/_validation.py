@@ -11,7 +11,7 @@ import math
 import numbers
 import operator
 from collections.abc import Sequence
-from typing import SupportsIndex, cast
+from typing import Literal, SupportsIndex, cast, get_args
 
 import numpy as np
 import torch
@@ -44,6 +44,19 @@ def require_positive_int(name: str, value: object) -> int:
     if number <= 0:
         raise ValueError(f"{name} must be positive, got {number}")
     return number
+
+
+#: How a multi-head layer's weights start: ``nn.Linear``'s default, or ``torch.nn.MultiheadAttention``'s.
+InitScheme = Literal["linear", "torch"]
+
+
+def require_init(value: object) -> InitScheme:
+    """Return ``value`` if it is one of :data:`InitScheme`'s choices, else raise."""
+    choices = get_args(InitScheme)
+    if value not in choices:
+        named = " or ".join(f'"{choice}"' for choice in choices)
+        raise ValueError(f"init must be {named}, got {value!r}")
+    return cast(InitScheme, value)
 
 
 def require_bool(name: str, value: object) -> bool:

@@ -40,11 +40,13 @@ else:  # pragma: no cover - torch itself depends on typing_extensions
     from typing_extensions import Self
 
 from qkv._validation import (
+    InitScheme,
     add_batch_axis,
     require_attention_masks,
     require_bool,
     require_causal_sizes,
     require_dropout,
+    require_init,
     require_multi_head_inputs,
     require_positive_int,
     require_size,
@@ -86,8 +88,6 @@ def project(layer: nn.Module, x: Tensor) -> Tensor:
     output: Tensor = layer(x)
     return output
 
-
-INITS = ("linear", "torch")
 
 # Entries of a torch.nn.MultiheadAttention state dict that qkv's own layout does not have.
 TORCH_ONLY_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
@@ -139,7 +139,7 @@ class _MultiHeadBase(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         batch_first: bool = True,
-        init: str = "linear",
+        init: InitScheme = "linear",
         num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
@@ -149,9 +149,7 @@ class _MultiHeadBase(nn.Module):
         self.bias = require_bool("bias", bias)
         self.dropout = require_dropout("dropout", dropout)
         self.batch_first = require_bool("batch_first", batch_first)
-        if init not in INITS:
-            raise ValueError(f'init must be "linear" or "torch", got {init!r}')
-        self.init = init
+        self.init = require_init(init)
 
     @property
     def in_proj_bias(self) -> Tensor | None:
@@ -883,7 +881,7 @@ class MultiHeadAttention(_MultiHeadBase):
         bias: bool = True,
         dropout: float = 0.0,
         batch_first: bool = True,
-        init: str = "linear",
+        init: InitScheme = "linear",
         num_kv_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -1224,7 +1222,7 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
         bias: bool = True,
         dropout: float = 0.0,
         batch_first: bool = True,
-        init: str = "linear",
+        init: InitScheme = "linear",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
