@@ -102,7 +102,9 @@ def padding_mask(
     BoolTensor, shape (B, 1, 1, S)
         True for real keys. The two singleton axes let it broadcast over heads
         and queries, against scores of shape (B, h, T, S); a bare (B, S) mask
-        would broadcast along the wrong axes.
+        would broadcast along the wrong axes. Pass it as ``mask=``. torch's
+        ``key_padding_mask`` is the opposite, (B, S) and True for *padding*:
+        ``~padding_mask(lengths)[:, 0, 0]`` (given this mask, the modules refuse it).
 
     See Also
     --------
@@ -138,7 +140,9 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
 
     ``nn.MultiheadAttention``'s ``attn_mask`` and ``key_padding_mask`` use True
     for positions that may *not* be attended; qkv and
-    ``F.scaled_dot_product_attention`` use True for positions that may.
+    ``F.scaled_dot_product_attention`` use True for positions that may. The
+    modules' ``forward`` also takes both of torch's masks as they are, under
+    torch's names (``attn_mask=``, ``key_padding_mask=``).
 
     Parameters
     ----------
