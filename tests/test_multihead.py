@@ -633,6 +633,23 @@ def test_torch_export_traces_the_module():
     torch.testing.assert_close(exported.module()(x, is_causal=True), module(x, is_causal=True))
 
 
+def test_a_float_mask_compiles_without_a_graph_break():
+    # The 0-and-1 check reads the mask's values, which a graph cannot: it is skipped while
+    # torch.compile traces (fullgraph=True makes a graph break an error), and checked eagerly.
+    module = qkv.MultiHeadAttention(E, H).eval()
+    x = torch.randn(B, T, E)
+    bias = float_mask_for(T)  # (T, T): an ALiBi-style bias with -inf
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, mask=bias)[0], module(x, mask=bias)[0])
+    blocked = torch.ones(T, T, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(compiled(x, attn_mask=blocked)[0], module(x, is_causal=True)[0])
+
+
+def float_mask_for(T):
+    distance = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float()  # (T, T)
+    return (-0.5 * distance.abs()).masked_fill(distance < 0, float("-inf"))  # causal, nearer counts more
+
+
 @pytest.mark.parametrize("module_class", MODULES)
 def test_device_and_dtype_at_construction_and_meta_initialisation(module_class):
     module = module_class(E, H, kdim=KDIM, dtype=torch.float64)

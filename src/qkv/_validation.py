@@ -133,8 +133,8 @@ def require_not_zero_one(name: str, values: Tensor | np.ndarray) -> None:
     A floating mask is added to the scores, so such a mask blocks nothing: almost
     always a boolean mask converted with ``.float()``. Real additive masks (0 and
     ``-inf``, ``finfo.min``, any bias) pass, and so does a mask of zeros. Not checked
-    inside ``torch.compile`` or ``torch.export``, where reading a tensor's values
-    would break the graph: the eager run checks it.
+    while ``torch.compile`` or ``torch.export`` traces, where reading a tensor's
+    values would break the graph: an eager call checks the same mask.
     """
     if isinstance(values, Tensor) and torch.compiler.is_compiling():
         return
