@@ -293,7 +293,7 @@ class _MultiHeadBase(nn.Module):
         query: Tensor,
         key: Tensor | None = None,
         value: Tensor | None = None,
-        *,
+        *positional: object,
         mask: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
@@ -421,6 +421,13 @@ class _MultiHeadBase(nn.Module):
         >>> out.shape, weights.shape, weights[:, 0, 1:].abs().max().item()
         (torch.Size([5, 12]), torch.Size([3, 5, 5]), 0.0)
         """
+        if positional:  # named here, rather than in Python's words about a base class
+            raise TypeError(
+                f"{type(self).__name__}.forward takes query, key and value by position and the rest by "
+                f"name, got {3 + len(positional)} positional arguments: torch's fourth, key_padding_mask "
+                "(True = padding), goes as key_padding_mask=, and so do need_weights=, attn_mask= and "
+                "the others"
+            )
         unbatched = isinstance(query, Tensor) and not query.is_nested and query.dim() == 2
         if unbatched:  # torch's (T, E) input: a batch of one, taken off again at the end
             query, key, value, key_padding_mask = add_batch_axis(
