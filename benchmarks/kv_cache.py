@@ -20,28 +20,44 @@ embed_dim = 256, one sequence (B = 1):
    value tensors) of a cache for 2048 tokens filled by a prefill, for
    num_kv_heads = 8 (multi-head), 2 (grouped-query) and 1 (multi-query); each
    ratio to the multi-head cache must be exactly num_kv_heads / num_heads.
-3. **One decoding step (T = 1), qkv vs bare SDPA**, with a prefix of 128 and of
-   1024 tokens already cached. "bare SDPA" writes the step by hand on the same
-   weights, fetched once beforehand (the fastest way to read them): ``F.linear``
-   for q, k and v, heads by ``view``/``transpose``, k and v written by slice
-   assignment into pre-allocated (B, h, max_len, d) tensors,
-   ``F.scaled_dot_product_attention`` over the first L + 1 positions, heads merged,
-   ``F.linear`` out. "qkv" is ``mha(x_t, cache=cache)``. How a sample is timed:
-   outside the clock, both caches are restored to the same prefix of L tokens
-   (qkv: ``cache.reset()`` then ``cache.append(prefix_keys, prefix_values)``;
-   bare: the same copy into its tensors, and its length set back to L), then 5
-   calls are timed, one new token each (the same 5 tokens for both), so that both
-   caches grow L -> L + 5 identically within the sample. Samples alternate between
-   the contenders. Reported: median microseconds per call and qkv / bare SDPA. For
-   information, timed alongside: the same bare step reading the weights from the
+3. **One decoding step (T = 1), qkv vs bare SDPA**, with a prefix of 128 and of 1024
+   tokens already cached. "bare SDPA" writes the step by hand on the same weights,
+   fetched once beforehand (the fastest way to read them): ``F.linear`` for q, k and
+   v, heads by ``view``/``transpose``, k and v written by slice assignment into
+   pre-allocated (B, h, max_len, d) tensors, ``F.scaled_dot_product_attention`` over
+   the first L + 1 positions, heads merged, ``F.linear`` out. "qkv" is ``mha(x_t,
+   cache=cache)``. How a sample is timed: both caches hold the same prefix of L
+   tokens (filled once); outside the clock, each is cut back to it (qkv:
+   ``cache.crop(L)``, which keeps the memory and the owner, as between the steps of
+   a real decode; bare: its length set back to L), then 5 calls are timed, one new
+   token each (the same 5 tokens for both), so that both caches grow L -> L + 5
+   identically within the sample. Each round takes one sample of every contender, in
+   a new random order. Reported: median microseconds per call and qkv / bare SDPA.
+   For information, timed alongside: the same bare step reading the weights from the
    module at each call (``mha.q_proj.weight``, as attention_speed.py's bare SDPA
-   does), and the same qkv call with ``is_causal=True`` (as a model passes when
-   one code path serves prefill and decoding).
+   does), and the same qkv call with ``is_causal=True`` (as a model passes when one
+   code path serves prefill and decoding). And, in the same samples, under
+   ``torch.compile`` (``fullgraph=True``, default mode): a step function that calls
+   qkv's module (``torch.compile(lambda x_t, cache: mha(x_t, cache=cache)[0])``, as
+   a model's compiled step inlines its layers) against ``torch.compile`` of the
+   hand-written step (its own K/V tensors, restored the same way); and, for
+   information, ``torch.compile(mha)``, the module object compiled, which adds
+   torch's compiled-module call. They are compiled before the clock starts, at two
+   lengths never timed (the second makes the cache's length dynamic), so that every
+   timed call runs one graph, as the steps of a decode do; then warmed up (30
+   samples), and their outputs are checked like the others'. A fall-back to eager
+   (the recompile limit) and a compile during the timed calls are errors. The caches
+   have one slot more than the samples fill. Then, to show where the compiled time
+   goes, the two compiled steps are timed again (the same number of samples) under
+   ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, which skips the
+   guards (the checks of a call's Python values and tensor metadata that pick a
+   compiled graph): torch's setting for a steady decoding loop.
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/kv_cache.py            # about 100 s on 2 CPU cores
-    .venv/bin/python benchmarks/kv_cache.py --quick    # fewer rounds, about a minute
+    .venv/bin/python benchmarks/kv_cache.py              # about 3 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/kv_cache.py --quick      # fewer rounds
+    .venv/bin/python benchmarks/kv_cache.py --step-only  # measurement 3 alone, eager and compiled
 
 Add ``--device cuda`` (the default is ``qkv.get_device()``) to run on a GPU.
 """
@@ -50,13 +66,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterable
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch import Tensor
+from torch._dynamo.utils import counters
 
 import qkv
 
@@ -199,112 +218,204 @@ class BareStep:
         return F.linear(heads.transpose(1, 2).reshape(B, 1, E), w_o, b_o)  # (B, 1, E)
 
 
-def time_step(prefix: int, rounds: int, device: torch.device) -> dict[str, float]:
+def time_step(prefix: int, rounds: int, device: torch.device, compiled: bool = True) -> dict[str, float]:
     """Median seconds per decoding step after ``prefix`` cached tokens; see the module docstring."""
+    torch._dynamo.reset()  # each prefix compiles afresh: no recompile limit carried over
     mha = build(H, device)
     torch.manual_seed(1)
     x = torch.randn(B, prefix + CALLS_PER_SAMPLE, E, device=device)  # (B, L + 5, E)
     prefix_kv = mha.project_key_value(x[:, :prefix])  # (B, h, L, d) each
     tokens = [x[:, prefix + i : prefix + i + 1] for i in range(CALLS_PER_SAMPLE)]  # each (B, 1, E)
-    max_length = prefix + CALLS_PER_SAMPLE
+    max_length = prefix + CALLS_PER_SAMPLE + 1  # a slot to spare: no step fills the cache exactly
     cache = mha.new_cache(B, max_length)
-    bare = BareStep(mha, max_length, prefetch=True)
-    bare_module = BareStep(mha, max_length, prefetch=False)
+    cache.append(*prefix_kv)
+    mha(tokens[0], cache=cache)  # the cache's first step makes mha its owner, as a prefill would
+    cache.crop(prefix)
+    kinds = ("fetched", "module", "compiled")  # the module's weights fetched once, or read at each call
+    bares = {kind: BareStep(mha, max_length, prefetch=kind != "module") for kind in kinds}
+    for bare in bares.values():
+        bare.restore(*prefix_kv)
 
     def restore_qkv() -> None:
-        cache.reset()
-        cache.append(*prefix_kv)
+        cache.crop(prefix)  # back to the L prefix tokens: later slots are overwritten
+
+    def restore_bare(bare: BareStep) -> Callable[[], None]:
+        return lambda: setattr(bare, "length", prefix)
 
     contenders: dict[str, tuple[Callable[[], None], Callable[[Tensor], Tensor]]] = {
         "qkv": (restore_qkv, lambda x_t: mha(x_t, cache=cache)[0]),
-        "bare SDPA": (lambda: bare.restore(*prefix_kv), bare),
-        "bare SDPA, module weights": (lambda: bare_module.restore(*prefix_kv), bare_module),
+        "bare SDPA": (restore_bare(bares["fetched"]), bares["fetched"]),
+        "bare SDPA, module weights": (restore_bare(bares["module"]), bares["module"]),
         "qkv is_causal": (restore_qkv, lambda x_t: mha(x_t, cache=cache, is_causal=True)[0]),
     }
+    if compiled:
+        # Under torch.compile (fullgraph: a graph break is an error, not a slower measurement): a
+        # decoding step that calls qkv's module, as a model's compiled step inlines it; the module
+        # itself, torch.compile(mha); and the hand-written step.
+        qkv_step = torch.compile(lambda x_t, c: mha(x_t, cache=c)[0], fullgraph=True)
+        compiled_mha = torch.compile(mha, fullgraph=True)
+        compiled_bare = torch.compile(bares["compiled"], fullgraph=True)
+        contenders["qkv compiled"] = (restore_qkv, lambda x_t: qkv_step(x_t, cache))
+        contenders["torch.compile(mha)"] = (restore_qkv, lambda x_t: compiled_mha(x_t, cache=cache)[0])
+        contenders["bare SDPA compiled"] = (restore_bare(bares["compiled"]), compiled_bare)
+        # Compile at two lengths that are never timed: the first call compiles for its length
+        # alone, the second makes the cache's length dynamic. Every timed call then runs that one
+        # graph, as every step of a decode does, with no other compiled entry tried before it.
+        for length in (prefix - 2, prefix - 1):
+            for name in ("qkv compiled", "torch.compile(mha)"):
+                cache.crop(length)
+                contenders[name][1](tokens[0])
+            bares["compiled"].length = length
+            compiled_bare(tokens[0])
+        cache.crop(prefix - 2)
+        cache.append(prefix_kv.keys[:, :, -2:], prefix_kv.values[:, :, -2:])  # the prefix again
+        bares["compiled"].restore(*prefix_kv)
     outputs: dict[str, Tensor] = {}
     for name, (restore, fn) in contenders.items():  # same outputs at all 5 steps
         restore()
         outputs[name] = torch.cat([fn(x_t) for x_t in tokens], dim=1)  # (B, 5, E)
     for name in contenders:
         assert_same(outputs[name], outputs["bare SDPA"])
-    for _ in range(10):  # warm up
+    for _ in range(30 if compiled else 10):  # warm up
         for restore, fn in contenders.values():
             restore()
             for x_t in tokens:
                 fn(x_t)
+    graphs = counters["stats"]["unique_graphs"]
+    medians = time_samples(contenders, tokens, rounds, device)
+    if compiled and hasattr(torch.compiler, "set_stance"):
+        # Where the compiled steps' time goes: the same two again, without evaluating the guards
+        # that decide whether a compiled graph fits the call (torch's stance for steady decoding).
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            unguarded = {"qkv unguarded": contenders["qkv compiled"]}
+            unguarded["bare SDPA unguarded"] = contenders["bare SDPA compiled"]
+            medians |= time_samples(unguarded, tokens, rounds, device)
+    assert counters["stats"]["unique_graphs"] == graphs, "a timed call compiled a new graph"
+    return medians
+
+
+def time_samples(
+    contenders: dict[str, tuple[Callable[[], None], Callable[[Tensor], Tensor]]],
+    tokens: list[Tensor],
+    rounds: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """Median seconds per call: ``rounds`` samples of each contender, after its restore.
+
+    Each round times every contender once, in a new random order (seeded), so that none
+    always follows the same one (a compiled kernel's threads, say).
+    """
     samples: dict[str, list[float]] = {name: [] for name in contenders}
+    order = list(contenders)
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for name, (restore, fn) in contenders.items():
+        shuffle(order)
+        for name in order:
+            restore, fn = contenders[name]
             restore()  # back to L cached tokens, outside the clock
             synchronize(device)
             start = time.perf_counter()
             for x_t in tokens:
                 fn(x_t)
             synchronize(device)
-            samples[name].append((time.perf_counter() - start) / CALLS_PER_SAMPLE)
+            samples[name].append((time.perf_counter() - start) / len(tokens))
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def versus(times: dict[str, float], ours: str, theirs: str) -> tuple[float, str]:
+    """qkv's time over the bare step's, and a line with both in microseconds."""
+    ratio = times[ours] / times[theirs]
+    line = f"qkv {1e6 * times[ours]:7.1f}  bare SDPA {1e6 * times[theirs]:7.1f}  qkv / bare SDPA {ratio:.3f}"
+    return ratio, line
+
+
+def by_prefix(label: str, ratios: dict[int, float]) -> str:
+    """A summary line: ``label: prefix 128 1.234, prefix 1024 1.234``."""
+    return f"{label}: " + ", ".join(f"prefix {p} {r:.3f}" for p, r in ratios.items())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--step-only", action="store_true", help="only measurement 3, the one-step times")
+    parser.add_argument("--no-compile", action="store_true", help="measurement 3 without torch.compile")
     parser.add_argument("--device", default=str(qkv.get_device()))
     args = parser.parse_args()
     device = torch.device(args.device)
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, device {device}, threads {threads}, h={H}, embed_dim={E}, B={B}")
     wall = time.perf_counter()
+    summary = []
 
-    decode_rounds = {128: 5, 512: 3, 2048: 1} if args.quick else {128: 15, 512: 5, 2048: 3}
-    print("\n1. decoding n tokens, every step timed: cache vs recomputing the prefix (per token, us)")
-    speedups: dict[int, float] = {}
-    for n in DECODE_LENGTHS:
-        started = time.perf_counter()
-        times = time_decode(n, decode_rounds[n], device)
-        speedups[n] = times["recompute"] / times["cache"]
-        print(f"  n={n:<5d} cache {1e6 * times['cache']:9.1f}  recompute {1e6 * times['recompute']:9.1f}"
-              f"  recompute / cache {speedups[n]:7.2f}   (median of {decode_rounds[n]} rounds,"
-              f" {time.perf_counter() - started:.1f} s with checks)")  # fmt: skip
-    ordered = [speedups[n] for n in DECODE_LENGTHS]
-    grows = all(a < b for a, b in itertools.pairwise(ordered))
-    print(f"  speed-up grows with n: {'yes' if grows else 'NO'} ("
-          + " < ".join(f"{s:.2f}" for s in ordered) + ")")  # fmt: skip
+    if not args.step_only:
+        decode_rounds = {128: 5, 512: 3, 2048: 1} if args.quick else {128: 15, 512: 5, 2048: 3}
+        print("\n1. decoding n tokens, every step timed: cache vs recomputing the prefix (per token, us)")
+        speedups: dict[int, float] = {}
+        for n in DECODE_LENGTHS:
+            started = time.perf_counter()
+            times = time_decode(n, decode_rounds[n], device)
+            speedups[n] = times["recompute"] / times["cache"]
+            print(f"  n={n:<5d} cache {1e6 * times['cache']:9.1f}  recompute {1e6 * times['recompute']:9.1f}"
+                  f"  recompute / cache {speedups[n]:7.2f}   (median of {decode_rounds[n]} rounds,"
+                  f" {time.perf_counter() - started:.1f} s with checks)")  # fmt: skip
+        ordered = [speedups[n] for n in DECODE_LENGTHS]
+        grows = all(a < b for a, b in itertools.pairwise(ordered))
+        print(f"  speed-up grows with n: {'yes' if grows else 'NO'} ("
+              + " < ".join(f"{s:.2f}" for s in ordered) + ")")  # fmt: skip
+        summary.append("  1. speed-up of the cache, recompute / cache: "
+                       + ", ".join(f"n={n} {s:.2f}" for n, s in speedups.items())
+                       + f"; grows with n: {'yes' if grows else 'NO'}")  # fmt: skip
 
-    print(f"\n2. cache memory, max_length={MEMORY_LENGTH}, filled by a prefill (cache.nbytes)")
-    memory = {h_kv: cache_bytes(h_kv, device) for h_kv in KV_HEADS}
-    for h_kv, nbytes in memory.items():
-        kind = "MHA" if h_kv == H else "MQA" if h_kv == 1 else "GQA"
-        assert nbytes * H == memory[H] * h_kv, f"{kind}: {nbytes} / {memory[H]} is not {h_kv} / {H}"
-        print(f"  num_kv_heads={h_kv} ({kind}) {nbytes:>9d} bytes = {nbytes / 2**20:5.2f} MiB"
-              f"  / MHA {nbytes / memory[H]:.4f} = {h_kv}/{H} exactly")  # fmt: skip
+        print(f"\n2. cache memory, max_length={MEMORY_LENGTH}, filled by a prefill (cache.nbytes)")
+        memory = {h_kv: cache_bytes(h_kv, device) for h_kv in KV_HEADS}
+        for h_kv, nbytes in memory.items():
+            kind = "MHA" if h_kv == H else "MQA" if h_kv == 1 else "GQA"
+            assert nbytes * H == memory[H] * h_kv, f"{kind}: {nbytes} / {memory[H]} is not {h_kv} / {H}"
+            print(f"  num_kv_heads={h_kv} ({kind}) {nbytes:>9d} bytes = {nbytes / 2**20:5.2f} MiB"
+                  f"  / MHA {nbytes / memory[H]:.4f} = {h_kv}/{H} exactly")  # fmt: skip
+        summary.append("  2. cache memory / MHA: "
+                       + ", ".join(f"num_kv_heads={h_kv} {memory[h_kv] / memory[H]:.4f}" for h_kv in KV_HEADS)
+                       + " (each exactly num_kv_heads / num_heads)")  # fmt: skip
 
     step_rounds = 100 if args.quick else 400
+    compiled = not args.no_compile
     print(f"\n3. one decoding step, T=1 (median of {step_rounds} samples of {CALLS_PER_SAMPLE} calls, us)")
     steps: dict[int, float] = {}
+    compiled_steps: dict[int, float] = {}
+    unguarded_steps: dict[int, float] = {}
     for prefix in STEP_PREFIXES:
-        times = time_step(prefix, step_rounds, device)
-        steps[prefix] = times["qkv"] / times["bare SDPA"]
+        started = time.perf_counter()
+        times = time_step(prefix, step_rounds, device, compiled)
+        steps[prefix], line = versus(times, "qkv", "bare SDPA")
         module_ratio = times["qkv"] / times["bare SDPA, module weights"]
-        print(f"  prefix {prefix:<5d} qkv {1e6 * times['qkv']:7.1f}"
-              f"  bare SDPA {1e6 * times['bare SDPA']:7.1f}"
-              f"  qkv / bare SDPA {steps[prefix]:.3f}\n"
+        print(f"  prefix {prefix:<5d} {line}\n"
               f"               bare SDPA reading the module's weights"
               f" {1e6 * times['bare SDPA, module weights']:7.1f}, qkv / it {module_ratio:.3f};"
               f" qkv with is_causal=True {1e6 * times['qkv is_causal']:7.1f},"
               f" / bare SDPA {times['qkv is_causal'] / times['bare SDPA']:.3f}")  # fmt: skip
+        if compiled:
+            compiled_steps[prefix], line = versus(times, "qkv compiled", "bare SDPA compiled")
+            module_compiled = times["torch.compile(mha)"] / times["bare SDPA compiled"]
+            print(f"               compiled: {line};"
+                  f" torch.compile(mha) {1e6 * times['torch.compile(mha)']:7.1f},"
+                  f" / bare SDPA {module_compiled:.3f}"
+                  f"   ({time.perf_counter() - started:.0f} s with compiling)")  # fmt: skip
+        if "qkv unguarded" in times:
+            unguarded_steps[prefix], line = versus(times, "qkv unguarded", "bare SDPA unguarded")
+            print(f"               compiled, guards skipped: {line}")
+    summary.append(by_prefix("  3. one step, qkv / bare SDPA, eager", steps))
+    if compiled:
+        summary.append(by_prefix("     one step, qkv / bare SDPA, both under torch.compile (target <= 1.05)",
+                                 compiled_steps))  # fmt: skip
+    if unguarded_steps:
+        summary.append(by_prefix("     the same with the guards skipped", unguarded_steps))
 
     print("\nsummary")
-    print("  1. speed-up of the cache, recompute / cache: "
-          + ", ".join(f"n={n} {s:.2f}" for n, s in speedups.items())
-          + f"; grows with n: {'yes' if grows else 'NO'}")  # fmt: skip
-    print("  2. cache memory / MHA: "
-          + ", ".join(f"num_kv_heads={h_kv} {memory[h_kv] / memory[H]:.4f}" for h_kv in KV_HEADS)
-          + " (each exactly num_kv_heads / num_heads)")  # fmt: skip
-    print("  3. one step, qkv / bare SDPA (target <= 1.15): "
-          + ", ".join(f"prefix {p} {r:.3f}" for p, r in steps.items()))  # fmt: skip
+    print("\n".join(summary))
     print(f"  wall time {time.perf_counter() - wall:.0f} s")
 
 
 if __name__ == "__main__":
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # never time a silent fall-back to eager
     with torch.inference_mode():
         main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -176,6 +177,42 @@ def test_bad_masks_get_a_clear_error(attend):
         attend(q, k, v, torch.ones(2, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="does not broadcast"):
         attend(q, k, v, torch.ones(1, 1, 1, 2, 3, 4, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("attend", [qkv.attention, qkv.fused_attention])
+@pytest.mark.parametrize(
+    "zero_one", [qkv.causal_mask(4, 6).float(), torch.ones(4, 6)], ids=["causal.float()", "ones"]
+)
+def test_a_float_mask_of_zeros_and_ones_is_refused_saying_what_to_pass(attend, zero_one):
+    # Added to the scores, 0 and 1 block nothing: before, both ran as if unmasked.
+    q, k, v = qkv_tensors(dtype=torch.float32)
+    message = r"mask holds only 0 and 1 as floats: .* block nothing; .* mask\.bool\(\)"
+    with pytest.raises(TypeError, match=message):
+        attend(q, k, v, zero_one)
+    # Real additive masks stay: 0 and -inf, finfo.min (Hugging Face's), a bias, all zeros.
+    for additive in (
+        qkv.additive_mask(qkv.causal_mask(4, 6)),
+        torch.zeros(4, 6).masked_fill(~qkv.causal_mask(4, 6), torch.finfo(torch.float32).min),
+        float_mask(dtype=torch.float32),
+        torch.zeros(4, 6),
+    ):
+        attend(q, k, v, additive)
+
+
+@pytest.mark.parametrize("attend", [qkv.attention, qkv.fused_attention])
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_a_nested_tensor_is_refused_naming_the_argument(attend, layout):
+    # Before: AttributeError 'NestedIntNode' (jagged) or RuntimeError (strided) from torch's internals.
+    ragged = [torch.randn(3, 4, 5), torch.randn(3, 6, 5)]  # two sequences, h = 3, d_k = 5
+    with warnings.catch_warnings():  # torch calls its strided layout a prototype
+        warnings.simplefilter("ignore", UserWarning)
+        nested = torch.nested.nested_tensor(ragged, layout=layout)
+    dense = torch.randn(2, 3, 6, 5)
+    for position, name in enumerate(("query", "key", "value")):
+        args = [dense, dense, dense]
+        args[position] = nested
+        with pytest.raises(TypeError, match=rf"{name} is a nested tensor \(torch\.nested\).*pad"):
+            attend(*args)
 
 
 @pytest.mark.parametrize("attend", [qkv.attention, qkv.fused_attention])

@@ -172,8 +172,8 @@ def test_errors_name_the_argument():
         attention_backward(q, k, v, torch.randn(3, 4))
     with pytest.raises(ValueError, match="query has 4 features per position, but key has 3"):
         attention_backward(q, torch.randn(5, 3), v, torch.randn(3, 2))
-    with pytest.raises(TypeError, match="mask must be boolean"):
-        attention_backward(q, k, v, torch.randn(3, 2), mask=torch.ones(3, 5))
+    with pytest.raises(TypeError, match="mask must be boolean"):  # an additive mask: autograd's to do
+        attention_backward(q, k, v, torch.randn(3, 2), mask=torch.zeros(3, 5))
     with pytest.raises(
         TypeError, match=r"grad_output has dtype torch\.float64, but query has dtype torch\.float32"
     ):

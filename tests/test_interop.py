@@ -85,6 +85,80 @@ def test_torch_errors():
         interop.to_torch(qkv.HeadWeights.random(E, H, d_k=5))
 
 
+@pytest.mark.parametrize("module_class", [qkv.MultiHeadAttention, qkv.PerHeadMultiHeadAttention])
+@pytest.mark.parametrize(("kdim", "vdim"), [(E, E), (KDIM, VDIM)], ids=["packed", "separate"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_state_dicts_load_both_ways_with_equal_outputs(module_class, kdim, vdim, bias):
+    torch.manual_seed(0)
+    reference = nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, bias=bias, batch_first=True).double()
+    ours = module_class(E, H, kdim=kdim, vdim=vdim, bias=bias).double()
+    assert ours.load_state_dict(reference.state_dict()) is not None  # strict: every key used
+    x, k, v = inputs(kdim=kdim, vdim=vdim)
+    torch.testing.assert_close(ours(x, k, v)[0], reference(x, k, v)[0])
+    # And back: a fresh torch module (other weights) loads qkv's state dict in its own layout.
+    back = nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, bias=bias, batch_first=True).double()
+    state = interop.to_torch_state_dict(ours)
+    assert state.keys() == reference.state_dict().keys()
+    back.load_state_dict(state)
+    torch.testing.assert_close(back(x, k, v)[0], reference(x, k, v)[0])
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(state[name], tensor)
+    # qkv's own layout loads as before, and assign=True takes torch's tensors as they come.
+    module_class(E, H, kdim=kdim, vdim=vdim, bias=bias).double().load_state_dict(ours.state_dict())
+    assigned = module_class(E, H, kdim=kdim, vdim=vdim, bias=bias, device="meta")
+    assigned.load_state_dict(reference.state_dict(), assign=True)
+    torch.testing.assert_close(assigned(x, k, v)[0], reference(x, k, v)[0])
+
+
+def test_state_dicts_load_both_ways_inside_a_model():
+    torch.manual_seed(0)
+
+    def model(attention):
+        return nn.ModuleDict({"embed": nn.Linear(5, E), "layers": nn.ModuleList([attention])}).double()
+
+    reference = model(nn.MultiheadAttention(E, H, kdim=KDIM, vdim=VDIM, batch_first=True))
+    ours = model(qkv.MultiHeadAttention(E, H, kdim=KDIM, vdim=VDIM))
+    ours.load_state_dict(reference.state_dict())  # the prefixes "layers.0." found
+    x, k, v = inputs()
+    torch.testing.assert_close(ours["layers"][0](x, k, v)[0], reference["layers"][0](x, k, v)[0])
+    torch.testing.assert_close(ours["embed"].weight, reference["embed"].weight)
+    model(nn.MultiheadAttention(E, H, kdim=KDIM, vdim=VDIM, batch_first=True)).load_state_dict(
+        interop.to_torch_state_dict(ours)
+    )
+
+
+def test_state_dicts_that_do_not_fit_are_named():
+    grouped = qkv.MultiHeadAttention(16, 4, num_kv_heads=2)
+    torchs = nn.MultiheadAttention(16, 4).state_dict()
+    other_kdim = qkv.MultiHeadAttention(16, 4, kdim=8)
+    in_a_model = nn.ModuleDict({"layers": nn.ModuleList([nn.Identity(), other_kdim])})
+    cases = [
+        (
+            lambda: interop.to_torch_state_dict(grouped),
+            r"module \(MultiHeadAttention\): .* 2 K/V heads among 4.*expand_kv_heads",
+        ),
+        (
+            lambda: interop.to_torch_state_dict(nn.Sequential(nn.Linear(16, 16), grouped)),
+            r"module\.1 \(MultiHeadAttention\): torch\.nn\.MultiheadAttention has one K/V head",
+        ),
+        (lambda: grouped.load_state_dict(torchs), r"this module has num_kv_heads=2 for num_heads=4"),
+        (
+            lambda: in_a_model.load_state_dict({f"layers.1.{name}": t for name, t in torchs.items()}),
+            r"at 'layers\.1\.'\) holds torch.* in_proj_weight \(48, 16\).* but this module",
+        ),
+        (
+            lambda: grouped.load_state_dict(nn.MultiheadAttention(16, 4, add_bias_kv=True).state_dict()),
+            r"holds bias_k and bias_v, from torch\.nn\.MultiheadAttention\(add_bias_kv",
+        ),
+        (lambda: qkv.MultiHeadAttention(16, 4, d_k=2).load_state_dict(torchs), r"d_k=2, d_v=2 and embed_dim"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    expanded = qkv.MultiHeadAttention.from_heads(grouped.to_heads().expand_kv_heads())
+    nn.MultiheadAttention(16, 4).load_state_dict(interop.to_torch_state_dict(expanded))  # the fix it names
+
+
 # --- Hugging Face BERT -------------------------------------------------------------------
 
 

@@ -151,7 +151,8 @@ def test_forward_errors_name_the_argument_and_the_shapes(module_class):
         ((x, k, torch.randn(B, S, 8)), ValueError, r"value has 8 features, but vdim is 7"),
         ((x, k, v[:, :5]), ValueError, r"value has 5 positions, but the key's length S is 6"),
         ((x, k[:1], v[:1]), ValueError, r"key has 1 sequences in the batch, but the query's batch size is 2"),
-        ((x[0], k, v), ValueError, r"query must have 3 dimensions \(B, T, embed_dim\), got shape \(4, 12\)"),
+        ((x[0, 0], k, v), ValueError, r"query must have 3 dimensions \(B, T, embed_dim\), got shape \(12,\)"),
+        ((x[0], k, v), ValueError, r"key must have 2 dimensions \(S, kdim\), as the query is unbatched"),
         (
             (x.double(), k.double(), v.double()),
             TypeError,
@@ -170,6 +171,61 @@ def test_forward_errors_name_the_argument_and_the_shapes(module_class):
         ValueError, match=r"mask of shape \(2, 6\) does not broadcast .* \(B, h, T, S\) = \(2, 3, 4, 6\)"
     ):
         module(x, k, v, mask=torch.ones(B, S, dtype=torch.bool))
+
+
+# --- Silent traps, closed: each ran before and gave a wrong answer -----------------------------
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_a_float_mask_of_zeros_and_ones_is_refused_by_forward(module_class):
+    module = module_class(E, H).double()
+    x = inputs()[0]
+    blocked = torch.ones(T, T).bool().triu(1)  # (T, T): True = blocked
+    for mask in ((~blocked).double(), torch.ones(T, T, dtype=torch.float64)):
+        with pytest.raises(TypeError, match=r"mask holds only 0 and 1 as floats: .* pass mask\.bool\(\)"):
+            module(x, mask=mask)
+    hf_attention_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])  # (B, S): 1 = real token
+    with pytest.raises(
+        TypeError,
+        match=r"key_padding_mask holds only 0 and 1 as floats: .* pass attention_mask == 0",
+    ):
+        module(x, key_padding_mask=hf_attention_mask.double())
+    # The fixes the messages name:
+    expected = module(x, mask=hf_attention_mask.bool()[:, None, None, :], need_weights=True)
+    fixed = module(x, key_padding_mask=hf_attention_mask == 0, need_weights=True)
+    torch.testing.assert_close(fixed, expected)
+    causal = module(x, is_causal=True, need_weights=True)
+    torch.testing.assert_close(module(x, mask=(~blocked).double().bool(), need_weights=True), causal)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_qkv_padding_mask_as_key_padding_mask_is_refused_pointing_to_mask(module_class):
+    # qkv.padding_mask is True for real keys; torch's key_padding_mask is True for padding.
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = inputs(torch.float32)
+    keep = qkv.padding_mask([6, 3])  # (B, 1, 1, S)
+    message = r"the shape of qkv\.padding_mask\(lengths\), which is True for the real keys: pass it as mask="
+    with pytest.raises(ValueError, match=message):
+        module(x, k, v, key_padding_mask=keep)
+    torch.testing.assert_close(module(x, k, v, key_padding_mask=~keep[:, 0, 0]), module(x, k, v, mask=keep))
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_a_nested_tensor_is_refused_by_forward_naming_the_argument(module_class, layout):
+    # Before: AttributeError 'NestedIntNode' object has no attribute 'add' (jagged), RuntimeError (strided).
+    module = module_class(E, H)
+    with warnings.catch_warnings():  # torch calls its strided layout a prototype
+        warnings.simplefilter("ignore", UserWarning)
+        nested = torch.nested.nested_tensor([torch.randn(3, E), torch.randn(5, E)], layout=layout)
+        nested_mask = torch.nested.nested_tensor([torch.ones(5, 5, dtype=torch.bool)] * 2)
+    with pytest.raises(TypeError, match=r"query is a nested tensor \(torch\.nested\).*to_padded_tensor"):
+        module(nested)
+    padded = nested.to_padded_tensor(0.0)  # (B, 5, E)
+    with pytest.raises(TypeError, match=r"key is a nested tensor"):
+        module(padded, nested, padded)
+    with pytest.raises(TypeError, match=r"mask is a nested tensor"):
+        module(padded, mask=nested_mask)
 
 
 def test_from_heads_rejects_mismatched_weights():
@@ -274,6 +330,122 @@ def test_agrees_with_torch_multiheadattention_on_torchs_arguments(batch_first, p
     assert no_weights is None and weights.shape == ((B, T, S) if average else (B, H, T, S))
 
 
+def torch_attn_mask(kind, batch=B, dtype=torch.float64, seed=3):
+    """An attn_mask in torch's convention, each query keeping key 0 (torch gives NaN for none)."""
+    g = torch.Generator().manual_seed(seed)
+    lead = (batch * H,) if kind.endswith("3d") else ()  # torch's row b·h + i: sequence b, head i
+    blocked = torch.rand(*lead, T, S, generator=g) < 0.4  # True = blocked, torch's meaning
+    blocked[..., 0] = False
+    if kind.startswith("bool"):
+        return blocked
+    bias = torch.randn(*lead, T, S, generator=g, dtype=dtype)  # an additive mask: a bias, -inf blocks
+    return bias.masked_fill(blocked, float("-inf"))
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("kind", ["bool 2d", "float 2d", "bool 3d", "float 3d"])
+@pytest.mark.parametrize("padding", [False, True])
+def test_attn_mask_has_torchs_meaning(module_class, batch_first, kind, padding):
+    reference, fused = torch_pair(batch_first)
+    ours = module_class.from_heads(fused.to_heads(), batch_first=batch_first).eval()
+    x, k, v = inputs()
+    if not batch_first:
+        x, k, v = x.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    attn_mask = torch_attn_mask(kind)
+    pad = key_padding()[0 if kind.startswith("bool") else 1] if padding else None
+    expected, expected_weights = reference(
+        x, k, v, attn_mask=attn_mask, key_padding_mask=pad, average_attn_weights=False
+    )
+    output, weights = ours(x, k, v, attn_mask=attn_mask, key_padding_mask=pad, need_weights=True)
+    fast, _ = ours(x, k, v, attn_mask=attn_mask, key_padding_mask=pad)
+    torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(fast, expected)
+    torch.testing.assert_close(weights, expected_weights)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_a_torch_style_mask_needs_no_inverting_by_hand(module_class):
+    # Passed as mask=, torch's boolean mask (True = blocked) is qkv's inverted; attn_mask= reads it
+    # as torch does. Before, attn_mask= was a TypeError naming the private class _MultiHeadBase.
+    module = module_class(E, H).double()
+    x = torch.randn(1, 5, E, dtype=torch.float64)
+    blocked = torch.ones(5, 5).bool().triu(1)  # torch's causal mask
+    _, inverted = module(x, mask=blocked, need_weights=True)
+    assert inverted[0, :, 0, 1:].min() > 0 and inverted[0, :, -1].sum() == 0  # the trap, as before
+    _, weights = module(x, attn_mask=blocked, need_weights=True)
+    torch.testing.assert_close(weights, module(x, is_causal=True, need_weights=True)[1])
+    assert weights[0, :, 0, 1:].abs().max() == 0  # query 0 sees key 0 only
+    with pytest.raises(ValueError, match=r"pass mask= \(qkv's convention: True = may attend\) or attn_mask="):
+        module(x, mask=~blocked, attn_mask=blocked)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+def test_bad_attn_masks_are_named(module_class):
+    module = module_class(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = inputs(torch.float32)
+    cases = [
+        (
+            torch.zeros(S, T, dtype=torch.bool),
+            ValueError,
+            r"attn_mask must have shape \(T, S\) = \(4, 6\) or \(B·h, T, S\) = \(6, 4, 6\), .* got \(6, 4\)",
+        ),
+        (torch.zeros(B, T, S, dtype=torch.bool), ValueError, r"attn_mask must have shape .* got \(2, 4, 6\)"),
+        (torch.zeros(T, S, dtype=torch.long), TypeError, r"attn_mask must be boolean \(True = blocked"),
+        (torch.zeros(T, S, dtype=torch.float64), TypeError, r"attn_mask has dtype torch\.float64, but query"),
+        (torch.ones(T, S), TypeError, r"attn_mask holds only 0 and 1 as floats: .* pass attn_mask == 0"),
+        ([[False] * S] * T, TypeError, r"attn_mask must be a torch\.Tensor .* got list"),
+    ]
+    for attn_mask, error, message in cases:
+        with pytest.raises(error, match=message):
+            module(x, k, v, attn_mask=attn_mask)
+
+
+@pytest.mark.parametrize("module_class", MODULES)
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("masks", ["none", "padding", "attn 2d", "attn 3d"])
+def test_unbatched_input_as_torch_takes_it(module_class, batch_first, masks):
+    reference, fused = torch_pair(batch_first)
+    ours = module_class.from_heads(fused.to_heads(), batch_first=batch_first).eval()
+    x, k, v = (t[1] for t in inputs())  # (T, E), (S, kdim), (S, vdim): one sequence, unbatched
+    arguments = {
+        "none": {},
+        "padding": {"key_padding_mask": key_padding()[0][0]},  # (S,)
+        "attn 2d": {"attn_mask": torch_attn_mask("bool 2d")},  # (T, S)
+        "attn 3d": {"attn_mask": torch_attn_mask("float 3d", batch=1)},  # (h, T, S)
+    }[masks]
+    for average in (True, False):
+        expected, expected_weights = reference(x, k, v, average_attn_weights=average, **arguments)
+        output, weights = ours(x, k, v, need_weights=True, average_attn_weights=average, **arguments)
+        torch.testing.assert_close(output, expected)  # (T, E)
+        torch.testing.assert_close(weights, expected_weights)  # (T, S) or (h, T, S)
+    fast, no_weights = ours(x, k, v, **arguments)
+    torch.testing.assert_close(fast, expected)
+    assert fast.shape == (T, E) and no_weights is None
+
+
+def test_unbatched_input_errors_show_the_shapes_as_passed():
+    module = qkv.MultiHeadAttention(E, H, kdim=KDIM, vdim=VDIM)
+    x, k, v = (t[0] for t in inputs(torch.float32))
+    cases = [
+        ((torch.randn(T, 15), k, v), {}, r"query has 15 features, but embed_dim is 12 .* \(4, 15\)\)"),
+        ((x, k, torch.randn(S, 8)), {}, r"value has 8 features, but vdim is 7 \(value has shape \(6, 8\)\)"),
+        (
+            (x, k, v),
+            {"key_padding_mask": torch.zeros(1, S, dtype=torch.bool)},
+            r"key_padding_mask must have shape \(S,\) for an unbatched query, got \(1, 6\)",
+        ),
+    ]
+    for args, keywords, message in cases:
+        with pytest.raises(ValueError, match=message):
+            module(*args, **keywords)
+    cache = module.new_cache(batch_size=1, max_length=8)  # a batch of one: unbatched decoding works too
+    with torch.no_grad():
+        steps = [module(x[t : t + 1], k[t : t + 1], v[t : t + 1], cache=cache)[0] for t in range(T)]
+        full, _ = module(x, k[:T], v[:T], is_causal=True)
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-6, rtol=1e-5)
+
+
 def test_is_causal_agrees_with_torch_when_T_equals_S():
     reference, ours = torch_pair(kdim=E, vdim=E)
     x = inputs()[0]  # self-attention: T == S
@@ -314,7 +486,8 @@ def test_arguments_after_value_are_keyword_only(module_class):
     # means the opposite, so neither may be passed by position.
     module = module_class(E, H)
     x = torch.randn(B, T, E)
-    with pytest.raises(TypeError, match="positional argument"):
+    message = rf"{module_class.__name__}\.forward takes .* got 4 positional arguments: .* key_padding_mask="
+    with pytest.raises(TypeError, match=message):
         module(x, x, x, torch.zeros(B, T, dtype=torch.bool))
 
 
@@ -328,10 +501,8 @@ def test_sequence_first_layout_is_the_batch_first_one_transposed(module_class):
     torch.testing.assert_close(output, expected.transpose(0, 1))  # (T, B, E)
     torch.testing.assert_close(weights, expected_weights)  # weights stay batch first, as in torch
     assert "batch_first=False" in repr(seq_first)
-    with pytest.raises(
-        ValueError, match=r"query has 12 features|query must have 3 dimensions \(T, B, embed_dim\)"
-    ):
-        seq_first(x[0])
+    with pytest.raises(ValueError, match=r"query must have 3 dimensions \(T, B, embed_dim\)"):
+        seq_first(x[0, 0])
 
 
 @pytest.mark.parametrize("module_class", MODULES)
@@ -463,6 +634,23 @@ def test_torch_export_traces_the_module():
     torch.testing.assert_close(exported.module()(x, is_causal=True), module(x, is_causal=True))
 
 
+def test_a_float_mask_compiles_without_a_graph_break():
+    # The 0-and-1 check reads the mask's values, which a graph cannot: it is skipped while
+    # torch.compile traces (fullgraph=True makes a graph break an error), and checked eagerly.
+    module = qkv.MultiHeadAttention(E, H).eval()
+    x = torch.randn(B, T, E)
+    bias = float_mask_for(T)  # (T, T): an ALiBi-style bias with -inf
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, mask=bias)[0], module(x, mask=bias)[0])
+    blocked = torch.ones(T, T, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(compiled(x, attn_mask=blocked)[0], module(x, is_causal=True)[0])
+
+
+def float_mask_for(T):
+    distance = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float()  # (T, T)
+    return (-0.5 * distance.abs()).masked_fill(distance < 0, float("-inf"))  # causal, nearer counts more
+
+
 @pytest.mark.parametrize("module_class", MODULES)
 def test_device_and_dtype_at_construction_and_meta_initialisation(module_class):
     module = module_class(E, H, kdim=KDIM, dtype=torch.float64)
@@ -536,3 +724,101 @@ def test_a_mismatch_is_blamed_on_the_input_that_has_it(module_class):
         module(x.to("meta"), k.to("meta"), v.to("meta"))  # autocast knows no meta device
     numpy_dropout = module_class(E, H, dropout=__import__("numpy").float32(0.25))
     assert numpy_dropout.dropout == 0.25
+
+
+# --- A drop-in inside torch's transformer layers -------------------------------------------------
+
+
+def torch_layer_pair(kind, num_heads, batch_first):
+    """torch's layer, and a copy whose attention is qkv's, loaded from torch's state dict."""
+    torch.manual_seed(0)
+    make = nn.TransformerEncoderLayer if kind == "encoder" else nn.TransformerDecoderLayer
+    reference = make(E, num_heads, dim_feedforward=16, dropout=0.0, batch_first=batch_first).double()
+    ours = make(E, num_heads, dim_feedforward=16, dropout=0.0, batch_first=batch_first).double()
+    sizes = {"batch_first": batch_first, "dtype": torch.float64}
+    ours.self_attn = qkv.MultiHeadAttention(E, num_heads, **sizes)
+    if kind == "decoder":
+        ours.multihead_attn = qkv.MultiHeadAttention(E, num_heads, **sizes)
+    ours.load_state_dict(reference.state_dict())  # torch's in_proj_weight, at "self_attn." and beyond
+    return reference, ours
+
+
+def layer_arguments(kind, case, batch_first):
+    """Inputs and masks for a layer: T = 4 targets, S = 6 sources, sequence 0 padded."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B, S, E, generator=g, dtype=torch.float64)  # (B, S, E): the encoder's source
+    y = torch.randn(B, T, E, generator=g, dtype=torch.float64)  # (B, T, E): the decoder's target
+    if not batch_first:
+        x, y = x.transpose(0, 1), y.transpose(0, 1)
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[0, 4:] = True  # True = padding, torch's meaning
+    causal = nn.Transformer.generate_square_subsequent_mask  # (L, L), -inf above the diagonal
+    if kind == "encoder":
+        masks = {
+            "none": {},
+            "padding": {"src_key_padding_mask": pad},
+            "causal": {"src_mask": causal(S, dtype=torch.float64), "is_causal": True},
+            "bool mask and padding": {"src_mask": causal(S).isinf(), "src_key_padding_mask": pad},
+        }[case]
+        return (x,), masks
+    masks = {
+        "none": {},
+        "padding": {"memory_key_padding_mask": pad, "tgt_key_padding_mask": pad.flip(0)[:, 1 : T + 1]},
+        "causal": {"tgt_mask": causal(T, dtype=torch.float64), "tgt_is_causal": True},
+        "bool mask and padding": {
+            "tgt_mask": causal(T).isinf(),
+            "memory_mask": torch.eye(T, S, dtype=torch.bool),  # (T, S): True = blocked
+            "memory_key_padding_mask": pad,
+        },
+    }[case]
+    return (y, x), masks
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+@pytest.mark.parametrize("num_heads", [3, 4])  # 4: an even count, for torch's own eval fast path
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("case", ["none", "padding", "causal", "bool mask and padding"])
+def test_a_drop_in_for_the_attention_of_torchs_transformer_layers(kind, num_heads, batch_first, case):
+    reference, ours = torch_layer_pair(kind, num_heads, batch_first)
+    inputs_, masks = layer_arguments(kind, case, batch_first)
+    # Training mode, gradients recorded:
+    expected_inputs = [t.clone().requires_grad_() for t in inputs_]
+    our_inputs = [t.clone().requires_grad_() for t in inputs_]
+    expected = reference.train()(*expected_inputs, **masks)
+    output = ours.train()(*our_inputs, **masks)
+    torch.testing.assert_close(output, expected)
+    expected.square().sum().backward()
+    output.square().sum().backward()
+    for a, b in zip(our_inputs, expected_inputs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    # Evaluation without gradients, where torch's encoder layer takes its fused kernel (even heads,
+    # batch first) and calls qkv's module instead:
+    fused_calls = []
+    fused_kernel = torch._transformer_encoder_layer_fwd
+
+    def counted(*args, **kwargs):
+        fused_calls.append(args[0].shape)
+        return fused_kernel(*args, **kwargs)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "_transformer_encoder_layer_fwd", counted)
+        output = ours.eval()(*inputs_, **masks)
+        assert not fused_calls  # qkv's forward ran
+        expected = reference.eval()(*inputs_, **masks)
+    torch.testing.assert_close(output, expected)
+    assert len(fused_calls) == (kind == "encoder" and num_heads % 2 == 0 and batch_first)
+
+
+def test_torchs_encoder_stack_runs_with_qkv_layers():
+    reference, ours = torch_layer_pair("encoder", 4, batch_first=True)
+    with pytest.warns(UserWarning, match=r"self_attn\._qkv_same_embed_dim was not True"):
+        stack = nn.TransformerEncoder(ours, num_layers=2)  # torch says why it keeps its nested path off
+    torch_stack = nn.TransformerEncoder(reference, num_layers=2)
+    (x,), masks = layer_arguments("encoder", "padding", batch_first=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch calls its strided nested tensors a prototype
+        expected = torch_stack.eval()(x, **masks)  # torch's own nested-tensor fast path: 0 at padding
+    with torch.no_grad():
+        output = stack.eval()(x, **masks)
+    real = ~masks["src_key_padding_mask"]  # (B, S)
+    torch.testing.assert_close(output[real], expected[real])

@@ -11,7 +11,7 @@ import math
 import numbers
 import operator
 from collections.abc import Sequence
-from typing import SupportsIndex, cast
+from typing import Literal, SupportsIndex, cast, get_args
 
 import numpy as np
 import torch
@@ -44,6 +44,19 @@ def require_positive_int(name: str, value: object) -> int:
     if number <= 0:
         raise ValueError(f"{name} must be positive, got {number}")
     return number
+
+
+#: How a multi-head layer's weights start: ``nn.Linear``'s default, or ``torch.nn.MultiheadAttention``'s.
+InitScheme = Literal["linear", "torch"]
+
+
+def require_init(value: object) -> InitScheme:
+    """Return ``value`` if it is one of :data:`InitScheme`'s choices, else raise."""
+    choices = get_args(InitScheme)
+    if value not in choices:
+        named = " or ".join(f'"{choice}"' for choice in choices)
+        raise ValueError(f"init must be {named}, got {value!r}")
+    return cast(InitScheme, value)
 
 
 def require_bool(name: str, value: object) -> bool:
@@ -79,6 +92,7 @@ def require_tensor(
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    require_not_nested(name, x)
     where = f" {layout}" if layout else ""
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions{where}, got shape {shape_str(x.shape)}")
@@ -89,6 +103,47 @@ def require_tensor(
     if floating and not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     return x
+
+
+def require_not_nested(name: str, x: Tensor) -> None:
+    """Refuse a nested tensor (``torch.nested``): qkv's shapes, masks and kernels are for regular ones."""
+    if x.is_nested:
+        raise TypeError(
+            f"{name} is a nested tensor (torch.nested), which qkv does not take: pad the sequences "
+            f"to one length ({name}.to_padded_tensor(0.0)) and pass which keys are padding "
+            "(key_padding_mask, or mask=qkv.padding_mask(lengths))"
+        )
+
+
+# What to pass instead of a floating mask of 0s and 1s, for each argument that takes one.
+ZERO_ONE_ADVICE = {
+    "mask": "if 1 means 'may attend' (Hugging Face's attention_mask), pass mask.bool(); an additive "
+    "mask blocks with -inf (qkv.additive_mask)",
+    "key_padding_mask": "for 1 = padding pass key_padding_mask.bool(); for Hugging Face's "
+    "attention_mask (1 = real token) pass attention_mask == 0",
+    "attn_mask": "torch's boolean attn_mask is True where blocked: for 1 = blocked pass "
+    "attn_mask.bool(), for 1 = may attend pass attn_mask == 0 (or mask=attn_mask.bool(), qkv's "
+    "convention)",
+}
+
+
+def require_not_zero_one(name: str, values: Tensor | np.ndarray) -> None:
+    """Refuse a floating mask that holds only 0 and 1 (at least one 1): it reads as "1 = attend".
+
+    A floating mask is added to the scores, so such a mask blocks nothing: almost
+    always a boolean mask converted with ``.float()``. Real additive masks (0 and
+    ``-inf``, ``finfo.min``, any bias) pass, and so does a mask of zeros. Not checked
+    while ``torch.compile`` or ``torch.export`` traces, where reading a tensor's
+    values would break the graph: an eager call checks the same mask.
+    """
+    if isinstance(values, Tensor) and torch.compiler.is_compiling():
+        return
+    ones = values == 1
+    if bool(ones.any()) and bool((ones | (values == 0)).all()):
+        raise TypeError(
+            f"{name} holds only 0 and 1 as floats: added to the scores, it would block nothing; "
+            + ZERO_ONE_ADVICE.get(name, ZERO_ONE_ADVICE["mask"])
+        )
 
 
 def require_same_dtype_and_device(named: dict[str, Tensor]) -> None:
@@ -148,7 +203,8 @@ def require_mask(
 
     A mask is boolean (True = may attend) or floating (added to the scaled
     scores, ``-inf`` blocks), with at least two dimensions (..., T, S), and
-    broadcasts to the scores. Every entry point and both paths use this one check.
+    broadcasts to the scores; a floating one of only 0s and 1s is refused (it
+    would block nothing). Every entry point and both paths use this one check.
 
     Parameters
     ----------
@@ -166,6 +222,7 @@ def require_mask(
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a torch.Tensor (boolean or floating), got {type(mask).__name__}")
+    require_not_nested("mask", mask)
     floating = mask.dtype is not torch.bool
     if floating and not mask.is_floating_point():
         raise TypeError(
@@ -191,6 +248,8 @@ def require_mask(
         )
     if device is not None and mask.device != device:
         raise ValueError(f"mask is on {mask.device}, but query is on {device}")
+    if floating:
+        require_not_zero_one("mask", mask)
     return mask
 
 
@@ -239,6 +298,7 @@ def require_multi_head_inputs(
     batch_first: bool = True,
     key_padding_mask: object | None = None,
     past: int = 0,
+    attn_mask: object | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """Check the inputs of a multi-head attention layer and its masks.
 
@@ -246,14 +306,15 @@ def require_multi_head_inputs(
     floating point, or sequence first, (T, B, embed_dim) and so on, when
     ``batch_first`` is False; one batch size; keys and values of one length; a
     mask broadcastable to (B, h, T, S), boolean or of the query's dtype; a key
-    padding mask of shape (B, S). With ``past`` keys already cached, the masks
-    cover S = past + the key's length. Dtypes and devices of the weights are the
-    caller's to check.
+    padding mask of shape (B, S); or torch's ``attn_mask`` instead of ``mask``. With
+    ``past`` keys already cached, the masks cover S = past + the key's length. Dtypes
+    and devices of the weights are the caller's to check.
 
     Returns
     -------
     query, key, value, mask, key_padding_mask
-        The inputs, batch first (a transposed view when ``batch_first`` is False).
+        The inputs, batch first (a transposed view when ``batch_first`` is False);
+        ``mask`` in qkv's convention, from ``mask`` or from ``attn_mask``.
     """
     first, second = (0, 1) if batch_first else (1, 0)  # the batch axis, the position axis
     # The usual case in one pass (a layer runs once per token when decoding); only when it
@@ -272,7 +333,9 @@ def require_multi_head_inputs(
     q, k, v = cast(Tensor, query), cast(Tensor, key), cast(Tensor, value)
     if not batch_first:
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (B, T, ·), (B, S, ·)
-    m, padding = require_attention_masks(mask, key_padding_mask, q, past + k.shape[1], num_heads, past)
+    m, padding = require_attention_masks(
+        mask, key_padding_mask, q, past + k.shape[1], num_heads, past, attn_mask=attn_mask
+    )
     return q, k, v, m, padding
 
 
@@ -283,19 +346,35 @@ def require_attention_masks(
     S: int,
     num_heads: int,
     past: int = 0,
+    *,
+    attn_mask: object | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """Check a layer's ``mask`` against (B, h, T, S) and its ``key_padding_mask`` against (B, S).
 
     ``query`` is batch first, (B, T, features); S counts every key attended to,
-    the ``past`` ones already in a cache included.
+    the ``past`` ones already in a cache included. ``attn_mask``, torch's mask (see
+    :func:`require_torch_attn_mask`), may stand in for ``mask``, not beside it.
+
+    Returns
+    -------
+    mask, key_padding_mask
+        ``mask`` in qkv's convention (True = may attend, or additive), broadcastable
+        to (B, h, T, S); ``key_padding_mask`` as given (torch's convention).
     """
-    if mask is None and key_padding_mask is None:
+    if mask is None and key_padding_mask is None and attn_mask is None:
         return None, None
     q = query
     batch, T = q.shape[0], q.shape[1]
     m = None
-    if mask is not None:
-        if isinstance(mask, Tensor) and mask.dim() == 3:
+    if attn_mask is not None:
+        if mask is not None:
+            raise ValueError(
+                "pass mask= (qkv's convention: True = may attend) or attn_mask= (torch's: True = "
+                "blocked), not both; combine them into one, e.g. mask & ~attn_mask for boolean ones"
+            )
+        m = require_torch_attn_mask(attn_mask, batch, num_heads, T, S, q, past)
+    elif mask is not None:
+        if isinstance(mask, Tensor) and not mask.is_nested and mask.dim() == 3:
             # (B, T, S) per sequence, as Keras takes it, or (h, T, S) per head? Both
             # broadcast when B == h, with different meanings: refuse to guess.
             raise ValueError(
@@ -311,11 +390,100 @@ def require_attention_masks(
     return m, padding
 
 
+def require_torch_attn_mask(
+    attn_mask: object, batch: int, num_heads: int, T: int, S: int, query: Tensor, past: int = 0
+) -> Tensor:
+    """Check ``torch.nn.MultiheadAttention``'s ``attn_mask`` and return it as a qkv mask.
+
+    torch's meaning exactly: boolean True means *blocked*; floating is added to the
+    scores; (T, S) for every sequence and head, or (B·h, T, S), row ``b·h + i`` for
+    sequence b and head i (torch's order). (h, T, S) for an unbatched query, which
+    the caller has made a batch of one.
+
+    Returns
+    -------
+    Tensor, shape (T, S) or (B, h, T, S)
+        True where attention is allowed (boolean), or the same additive mask.
+    """
+    name = "attn_mask"
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor (boolean, True = blocked, or floating, added to the "
+            f"scores), got {type(attn_mask).__name__}"
+        )
+    require_not_nested(name, attn_mask)
+    blocked = attn_mask
+    if blocked.dtype != torch.bool and not blocked.is_floating_point():
+        raise TypeError(
+            f"{name} must be boolean (True = blocked, torch's convention) or floating (added to the "
+            f"scores), got dtype {blocked.dtype}; for a 0/1 mask with 1 = blocked use {name}.bool()"
+        )
+    two_d, three_d = (T, S), (batch * num_heads, T, S)
+    if tuple(blocked.shape) not in (two_d, three_d):
+        cached = f", with S = {past} cached + {S - past} new keys" if past else ""
+        raise ValueError(
+            f"{name} must have shape (T, S) = {shape_str(two_d)} or (B·h, T, S) = "
+            f"{shape_str(three_d)}{cached}, as torch.nn.MultiheadAttention takes it, got "
+            f"{shape_str(blocked.shape)}"
+        )
+    if blocked.is_floating_point() and blocked.dtype != query.dtype:
+        raise TypeError(
+            f"{name} has dtype {blocked.dtype}, but query has dtype {query.dtype}: a floating mask is "
+            f"added to the scores and must have the query's dtype; convert it with {name}.to(query.dtype)"
+        )
+    if blocked.device != query.device:
+        raise ValueError(f"{name} is on {blocked.device}, but query is on {query.device}")
+    if blocked.is_floating_point():
+        require_not_zero_one(name, blocked)
+    mask = ~blocked if blocked.dtype == torch.bool else blocked  # (T, S) or (B·h, T, S)
+    return mask.view(batch, num_heads, T, S) if mask.dim() == 3 else mask  # (T, S) or (B, h, T, S)
+
+
+def add_batch_axis(
+    query: Tensor,
+    key: object | None,
+    value: object | None,
+    key_padding_mask: object | None,
+    *,
+    embed_dim: int,
+    kdim: int,
+    vdim: int,
+    batch_first: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """An unbatched (T, embed_dim) query, and its key, value and key padding mask, as a batch of one.
+
+    As ``torch.nn.MultiheadAttention`` takes it: key (S, kdim) and value (S, vdim)
+    unbatched too, ``key_padding_mask`` (S,). The batch axis goes where the layout
+    has it (first, or second when ``batch_first`` is False); the features are
+    checked here, so that a message shows the shapes as they were passed.
+    """
+    axis = 0 if batch_first else 1
+    require_size("query", query, 1, embed_dim, "features", "embed_dim")
+    tensors: list[Tensor | None] = []
+    for name, x, features, against in (("key", key, kdim, "kdim"), ("value", value, vdim, "vdim")):
+        if x is None:
+            tensors.append(None)
+            continue
+        layout = f"(S, {against}), as the query is unbatched ({shape_str(query.shape)} = (T, embed_dim))"
+        tensor = require_tensor(name, x, ndim=2, layout=layout)
+        require_size(name, tensor, 1, features, "features", against)
+        tensors.append(tensor.unsqueeze(axis))  # (1, S, ·) or (S, 1, ·)
+    padding = key_padding_mask
+    if isinstance(padding, Tensor) and not padding.is_nested:
+        if padding.dim() != 1:
+            got = shape_str(padding.shape)
+            raise ValueError(f"key_padding_mask must have shape (S,) for an unbatched query, got {got}")
+        padding = padding[None]  # (1, S)
+    return query.unsqueeze(axis), tensors[0], tensors[1], cast("Tensor | None", padding)
+
+
 def _multi_head_shapes_fit(
     query: object, key: object, value: object, features: tuple[int, int, int], first: int, second: int
 ) -> bool:
     """True when query, key and value are floating 3-D tensors whose sizes agree (see the caller)."""
     if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
+        return False
+    if query.is_nested or key.is_nested or value.is_nested:  # a strided one has no .shape
         return False
     if key is query and value is query:  # self-attention, the usual case: one tensor to look at
         shape = query.shape
@@ -335,13 +503,18 @@ def _multi_head_shapes_fit(
 def require_key_padding_mask(
     key_padding_mask: object, batch: int, S: int, query: Tensor, past: int = 0
 ) -> Tensor:
-    """Check a key padding mask of shape (B, S): True (or -inf) marks padding, as in torch."""
+    """Check a key padding mask of shape (B, S): True (or -inf) marks padding, as in torch.
+
+    The opposite of :func:`qkv.padding_mask` (B, 1, 1, S), True for a real key: given
+    that one, the message points to ``mask=``.
+    """
     name = "key_padding_mask"
     if not isinstance(key_padding_mask, Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor of shape (B, S), got {type(key_padding_mask).__name__}"
         )
     pad = key_padding_mask
+    require_not_nested(name, pad)
     if pad.dtype != torch.bool and not pad.is_floating_point():
         raise TypeError(
             f"{name} must be boolean (True = padding, ignored) or floating (added to the scores), "
@@ -350,15 +523,23 @@ def require_key_padding_mask(
         )
     if tuple(pad.shape) != (batch, S):
         cached = f", with S = {past} cached + {S - past} new keys" if past else ""
-        raise ValueError(
-            f"{name} must have shape (B, S) = {shape_str((batch, S))}{cached}, got {shape_str(pad.shape)}"
-        )
+        expected = f"{name} must have shape (B, S) = {shape_str((batch, S))}{cached}"
+        if pad.dim() == 4 and pad.shape[1] == pad.shape[2] == 1:
+            # qkv.padding_mask's shape, and its meaning is the opposite: True for a real key.
+            raise ValueError(
+                f"{expected}, got {shape_str(pad.shape)}, the shape of qkv.padding_mask(lengths), "
+                "which is True for the real keys: pass it as mask= (qkv's convention, True = may "
+                f"attend), or its inverse ~mask[:, 0, 0] as {name} (torch's, True = padding)"
+            )
+        raise ValueError(f"{expected}, got {shape_str(pad.shape)}")
     if pad.is_floating_point() and pad.dtype != query.dtype:
         raise TypeError(
             f"{name} has dtype {pad.dtype}, but query has dtype {query.dtype}; convert it with .to()"
         )
     if pad.device != query.device:
         raise ValueError(f"{name} is on {pad.device}, but query is on {query.device}")
+    if pad.is_floating_point():
+        require_not_zero_one(name, pad)
     return pad
 
 

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 
 from qkv._validation import (
+    InitScheme,
+    require_init,
     require_multi_head_inputs,
     require_positive_int,
     require_same_dtype_and_device,
@@ -332,7 +334,7 @@ class HeadWeights:
         d_v: int | None = None,
         num_kv_heads: int | None = None,
         bias: bool = True,
-        init: str = "linear",
+        init: InitScheme = "linear",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
@@ -381,8 +383,7 @@ class HeadWeights:
             embed_dim, num_heads, kdim, vdim, d_k, d_v
         )
         h_kv = resolve_kv_heads(num_heads, num_kv_heads)
-        if init not in ("linear", "torch"):
-            raise ValueError(f'init must be "linear" or "torch", got {init!r}')
+        init = require_init(init)
 
         def uniform(shape: tuple[int, ...], divisor: float) -> Tensor:
             """Uniform in ±1/divisor."""

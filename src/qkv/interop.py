@@ -19,6 +19,7 @@ The page :doc:`heads/packed-layouts` (book/heads/packed-layouts.ipynb).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ __all__ = [
     "rotary_from_llama",
     "stacked_to_interleaved",
     "to_torch",
+    "to_torch_state_dict",
 ]
 
 
@@ -113,25 +115,95 @@ def from_torch(module: nn.MultiheadAttention) -> HeadWeights:
             "module uses add_bias_kv or add_zero_attn, which extend the keys and values "
             "with extra positions; HeadWeights holds only the paper's projections"
         )
-    h = module.num_heads
-    if module.in_proj_weight is not None:
-        w_q, w_k, w_v = module.in_proj_weight.chunk(3, dim=0)  # 3 × (embed_dim, embed_dim)
+    return heads_from_torch_tensors(dict(module.named_parameters()), module.num_heads)
+
+
+def torch_parameter_shapes(embed_dim: int, kdim: int, vdim: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    """The parameters of a ``torch.nn.MultiheadAttention`` of these sizes: state-dict name -> shape.
+
+    Packed ``in_proj_weight`` when ``kdim == vdim == embed_dim`` (torch's rule), the
+    separate ``q/k/v_proj_weight`` otherwise; without ``add_bias_kv``.
+    """
+    E = embed_dim
+    shapes: dict[str, tuple[int, ...]]
+    if kdim == vdim == E:
+        shapes = {"in_proj_weight": (3 * E, E)}
     else:
-        w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        shapes = {"q_proj_weight": (E, E), "k_proj_weight": (E, kdim), "v_proj_weight": (E, vdim)}
+    if bias:
+        shapes["in_proj_bias"] = (3 * E,)
+    shapes["out_proj.weight"] = (E, E)
+    if bias:
+        shapes["out_proj.bias"] = (E,)
+    return shapes
+
+
+def heads_from_torch_tensors(tensors: Mapping[str, Tensor], num_heads: int) -> HeadWeights:
+    """Per-head weights from ``torch.nn.MultiheadAttention``'s parameters, by state-dict name.
+
+    The shapes are the caller's to check (see :func:`torch_parameter_shapes`).
+    """
+    h = num_heads
+    if "in_proj_weight" in tensors:
+        w_q, w_k, w_v = tensors["in_proj_weight"].chunk(3, dim=0)  # 3 × (embed_dim, embed_dim)
+    else:
+        w_q, w_k, w_v = (tensors[f"{role}_proj_weight"] for role in "qkv")  # (embed_dim, in) each
     b_q = b_k = b_v = None
-    if module.in_proj_bias is not None:
-        b_q, b_k, b_v = module.in_proj_bias.chunk(3)  # 3 × (embed_dim,)
-    out_bias = module.out_proj.bias
+    if "in_proj_bias" in tensors:
+        b_q, b_k, b_v = tensors["in_proj_bias"].chunk(3)  # 3 × (embed_dim,)
+    out_bias = tensors.get("out_proj.bias")
     return HeadWeights(
         w_q=_cut_rows(w_q, h),  # (h, embed_dim, d_k)
         w_k=_cut_rows(w_k, h),  # (h, kdim, d_k)
         w_v=_cut_rows(w_v, h),  # (h, vdim, d_v)
-        w_o=module.out_proj.weight.detach().T.clone(),  # (h·d_v, embed_dim)
+        w_o=tensors["out_proj.weight"].detach().T.clone(),  # (h·d_v, embed_dim)
         b_q=_cut_bias(b_q, h),
         b_k=_cut_bias(b_k, h),
         b_v=_cut_bias(b_v, h),
         b_o=None if out_bias is None else out_bias.detach().clone(),
     )
+
+
+def torch_tensors(weights: HeadWeights) -> dict[str, Tensor]:
+    """``weights`` as ``torch.nn.MultiheadAttention``'s parameters, by state-dict name.
+
+    Raises ``ValueError`` for what torch's module cannot hold: grouped-query
+    attention, or ``d_k``/``d_v`` other than ``embed_dim / num_heads``.
+    """
+    w = weights
+    h, embed_dim = w.num_heads, w.embed_dim
+    if w.num_kv_heads != h:
+        raise ValueError(
+            f"torch.nn.MultiheadAttention has one K/V head per query head, but the weights share "
+            f"{w.num_kv_heads} K/V heads among {h} query heads; convert weights.expand_kv_heads() "
+            "(for a module: MultiHeadAttention.from_heads(module.to_heads().expand_kv_heads())), "
+            "the same layer with each K/V head copied into its group"
+        )
+    if not (w.d_k == w.d_v and w.d_k * h == embed_dim):
+        raise ValueError(
+            "torch.nn.MultiheadAttention needs d_k == d_v == embed_dim / num_heads, got "
+            f"d_k={w.d_k}, d_v={w.d_v}, embed_dim={embed_dim}, num_heads={h}"
+        )
+
+    def fused(per_head: Tensor) -> Tensor:
+        return per_head.transpose(1, 2).reshape(h * per_head.shape[2], per_head.shape[1])  # (h·d, in)
+
+    tensors: dict[str, Tensor]
+    if w.kdim == w.vdim == embed_dim:
+        tensors = {"in_proj_weight": torch.cat([fused(w.w_q), fused(w.w_k), fused(w.w_v)])}  # (3·E, E)
+    else:
+        tensors = {
+            "q_proj_weight": fused(w.w_q),  # (embed_dim, embed_dim)
+            "k_proj_weight": fused(w.w_k),  # (embed_dim, kdim)
+            "v_proj_weight": fused(w.w_v),  # (embed_dim, vdim)
+        }
+    if w.biases is not None:
+        b_q, b_k, b_v, _ = w.biases
+        tensors["in_proj_bias"] = torch.cat([b_q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)])  # (3·E,)
+    tensors["out_proj.weight"] = w.w_o.T.contiguous()  # (embed_dim, h·d_v)
+    if w.biases is not None:
+        tensors["out_proj.bias"] = w.biases[3]  # (embed_dim,)
+    return tensors
 
 
 def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadAttention:
@@ -169,40 +241,82 @@ def to_torch(weights: HeadWeights, *, batch_first: bool = True) -> nn.MultiheadA
     """
     if not isinstance(weights, HeadWeights):
         raise TypeError(f"weights must be a HeadWeights, got {type(weights).__name__}")
+    tensors = torch_tensors(weights)
     w = weights
-    h, embed_dim = w.num_heads, w.embed_dim
-    if w.num_kv_heads != h:
-        raise ValueError(
-            f"torch.nn.MultiheadAttention has one K/V head per query head, but the weights share "
-            f"{w.num_kv_heads} K/V heads among {h} query heads; convert weights.expand_kv_heads(), "
-            "the same layer with each K/V head copied into its group"
-        )
-    if not (w.d_k == w.d_v and w.d_k * h == embed_dim):
-        raise ValueError(
-            "torch.nn.MultiheadAttention needs d_k == d_v == embed_dim / num_heads, got "
-            f"d_k={w.d_k}, d_v={w.d_v}, embed_dim={embed_dim}, num_heads={h}"
-        )
     module = nn.MultiheadAttention(
-        embed_dim, h, bias=w.bias, kdim=w.kdim, vdim=w.vdim, batch_first=batch_first,
+        w.embed_dim, w.num_heads, bias=w.bias, kdim=w.kdim, vdim=w.vdim, batch_first=batch_first,
         device=w.w_q.device, dtype=w.w_q.dtype,
     )  # fmt: skip
-
-    def fused(per_head: Tensor) -> Tensor:
-        return per_head.transpose(1, 2).reshape(h * per_head.shape[2], per_head.shape[1])  # (h·d, in)
-
-    with torch.no_grad():
-        if module.in_proj_weight is not None:
-            module.in_proj_weight.copy_(torch.cat([fused(w.w_q), fused(w.w_k), fused(w.w_v)]))
-        else:
-            module.q_proj_weight.copy_(fused(w.w_q))  # (embed_dim, embed_dim)
-            module.k_proj_weight.copy_(fused(w.w_k))  # (embed_dim, kdim)
-            module.v_proj_weight.copy_(fused(w.w_v))  # (embed_dim, vdim)
-        module.out_proj.weight.copy_(w.w_o.T)  # (embed_dim, h·d_v)
-        if w.biases is not None:
-            b_q, b_k, b_v, b_o = w.biases
-            module.in_proj_bias.copy_(torch.cat([b_q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)]))
-            module.out_proj.bias.copy_(b_o)
+    module.load_state_dict(tensors)
     return module
+
+
+def to_torch_state_dict(module: nn.Module) -> dict[str, Tensor]:
+    """``module.state_dict()`` with every qkv attention module in ``torch.nn.MultiheadAttention``'s layout.
+
+    What a model built with ``nn.MultiheadAttention`` in those places loads with
+    ``load_state_dict``: each :class:`qkv.MultiHeadAttention` or
+    :class:`qkv.PerHeadMultiHeadAttention` inside ``module`` (``module`` itself
+    included) gives ``in_proj_weight`` (or ``q/k/v_proj_weight`` when kdim or vdim
+    differ from embed_dim), ``in_proj_bias`` and ``out_proj.*`` under its own
+    prefix; every other entry is ``module.state_dict()``'s. The other way needs no
+    function: ``qkv.MultiHeadAttention.load_state_dict`` reads torch's layout too.
+
+    Parameters
+    ----------
+    module : nn.Module
+        A qkv attention module, or a model that holds some.
+
+    Returns
+    -------
+    dict of str to Tensor
+        Detached tensors (copies for the attention modules' entries).
+
+    Raises
+    ------
+    ValueError
+        For an attention module that torch's cannot hold: grouped-query attention
+        (``num_kv_heads < num_heads``; expand it first with
+        :meth:`qkv.HeadWeights.expand_kv_heads`), or ``d_k``/``d_v`` other than
+        ``embed_dim / num_heads``. The message names the module.
+
+    See Also
+    --------
+    to_torch : a ``torch.nn.MultiheadAttention`` built from per-head weights.
+    qkv.MultiHeadAttention : its ``load_state_dict`` takes torch's layout as it is.
+
+    Examples
+    --------
+    A qkv layer as ``nn.TransformerEncoderLayer``'s self-attention, saved for torch's own:
+
+    >>> import torch, qkv
+    >>> layer = torch.nn.TransformerEncoderLayer(12, 3, batch_first=True)
+    >>> layer.self_attn = qkv.MultiHeadAttention(12, 3)
+    >>> state = qkv.interop.to_torch_state_dict(layer)
+    >>> state["self_attn.in_proj_weight"].shape  # W^Q, W^K, W^V rows, packed
+    torch.Size([36, 12])
+    >>> torchs = torch.nn.TransformerEncoderLayer(12, 3, batch_first=True)
+    >>> torchs.load_state_dict(state)
+    <All keys matched successfully>
+    """
+    from qkv.multihead import _MultiHeadBase  # qkv.multihead imports this module
+
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    state: dict[str, Tensor] = module.state_dict()
+    for name, attention in module.named_modules():
+        if not isinstance(attention, _MultiHeadBase):
+            continue
+        prefix = f"{name}." if name else ""
+        for key in attention.state_dict():
+            del state[prefix + key]
+        try:
+            tensors = torch_tensors(attention.to_heads())
+        except ValueError as error:
+            where = f"module.{name}" if name else "module"
+            raise ValueError(f"{where} ({type(attention).__name__}): {error}") from None
+        state.update({prefix + key: tensor for key, tensor in tensors.items()})
+    return state
 
 
 def from_bert(module: Any) -> HeadWeights:

@@ -19,6 +19,7 @@ from qkv._validation import (
     as_numpy,
     broadcasts_to,
     require_bool_mask,
+    require_not_zero_one,
     require_positive_int,
     require_tensor,
     shape_str,
@@ -101,7 +102,9 @@ def padding_mask(
     BoolTensor, shape (B, 1, 1, S)
         True for real keys. The two singleton axes let it broadcast over heads
         and queries, against scores of shape (B, h, T, S); a bare (B, S) mask
-        would broadcast along the wrong axes.
+        would broadcast along the wrong axes. Pass it as ``mask=``. torch's
+        ``key_padding_mask`` is the opposite, (B, S) and True for *padding*:
+        ``~padding_mask(lengths)[:, 0, 0]`` (given this mask, the modules refuse it).
 
     See Also
     --------
@@ -137,7 +140,9 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
 
     ``nn.MultiheadAttention``'s ``attn_mask`` and ``key_padding_mask`` use True
     for positions that may *not* be attended; qkv and
-    ``F.scaled_dot_product_attention`` use True for positions that may.
+    ``F.scaled_dot_product_attention`` use True for positions that may. The
+    modules' ``forward`` also takes both of torch's masks as they are, under
+    torch's names (``attn_mask=``, ``key_padding_mask=``).
 
     Parameters
     ----------
@@ -247,11 +252,7 @@ def allowed_cells(mask: object, shape: tuple[int, ...], layout: str) -> np.ndarr
     if array.dtype == np.bool_:
         allowed = array
     elif np.issubdtype(array.dtype, np.floating):
-        if array.size and np.isin(array, (0.0, 1.0)).all() and (array == 1).any():
-            raise TypeError(
-                "mask holds only 0 and 1 as floats: added to the scores, it would block nothing; "
-                "if 1 means 'may attend' (Hugging Face's attention_mask), pass mask.bool()"
-            )
+        require_not_zero_one("mask", array)  # the check the attention functions and modules make
         allowed = array > ADDITIVE_BLOCK  # -inf, finfo.min and the like block
     else:
         raise TypeError(

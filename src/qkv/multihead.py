@@ -9,10 +9,12 @@ They compute the same function; :meth:`~MultiHeadAttention.to_heads` and
 
 Both are meant to stand in for ``torch.nn.MultiheadAttention`` without
 surprises: ``forward`` always returns ``(output, weights)`` (``weights`` is None
-unless asked for), takes torch's ``key_padding_mask``, ``is_causal``,
-``average_attn_weights`` and a sequence-first layout (``batch_first=False``).
-Where qkv differs from torch it says so: masks are True where a query *may*
-attend, ``is_causal`` aligns to the bottom right, the default layout is batch
+unless asked for), takes torch's ``attn_mask``, ``key_padding_mask``,
+``is_causal``, ``average_attn_weights``, unbatched (T, E) input and a
+sequence-first layout (``batch_first=False``), and sits inside
+``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``.
+Where qkv differs from torch it says so: its own ``mask`` is True where a query
+*may* attend, ``is_causal`` aligns to the bottom right, the default layout is batch
 first, and attention weights are per head unless averaged. TorchScript is not
 supported (use ``torch.compile``, or ``torch.export`` for a deployable graph).
 
@@ -38,10 +40,13 @@ else:  # pragma: no cover - torch itself depends on typing_extensions
     from typing_extensions import Self
 
 from qkv._validation import (
+    InitScheme,
+    add_batch_axis,
     require_attention_masks,
     require_bool,
     require_causal_sizes,
     require_dropout,
+    require_init,
     require_multi_head_inputs,
     require_positive_int,
     require_size,
@@ -53,6 +58,7 @@ from qkv._validation import (
 from qkv.attention import SDPA_HAS_GQA, explicit_attention, fused_attention_unchecked
 from qkv.cache import KeyValue, KVCache
 from qkv.heads import HeadWeights, expand_kv_heads, merge_heads_unchecked, split_heads_unchecked
+from qkv.interop import heads_from_torch_tensors, torch_parameter_shapes
 from qkv.masks import key_padding_to_mask, merge_masks
 from qkv.rotary import RotaryEmbedding, rotate_unchecked
 
@@ -84,7 +90,9 @@ def project(layer: nn.Module, x: Tensor) -> Tensor:
     return output
 
 
-INITS = ("linear", "torch")
+# Entries of a torch.nn.MultiheadAttention state dict that qkv's own layout does not have.
+TORCH_ONLY_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                   "bias_k", "bias_v")  # fmt: skip
 
 
 def _autocast_enabled(device: torch.device) -> bool:
@@ -113,6 +121,13 @@ class _MultiHeadBase(nn.Module):
     # a cache, precomputed keys and values): MultiHeadAttention does, the per-head module not.
     _inference_features = False
 
+    # torch's transformer layers read nn.MultiheadAttention's _qkv_same_embed_dim and
+    # in_proj_bias in eval mode, to decide whether to bypass the module for a fused kernel
+    # of their own that takes a packed in_proj_weight. qkv has no packed weight (as torch's
+    # module has none when kdim or vdim differ), so they call forward, which runs qkv's
+    # projections (a hook, a subclass such as LoRA) and qkv's masks.
+    _qkv_same_embed_dim = False
+
     def __init__(
         self,
         embed_dim: int,
@@ -125,7 +140,7 @@ class _MultiHeadBase(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         batch_first: bool = True,
-        init: str = "linear",
+        init: InitScheme = "linear",
         num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
@@ -135,9 +150,20 @@ class _MultiHeadBase(nn.Module):
         self.bias = require_bool("bias", bias)
         self.dropout = require_dropout("dropout", dropout)
         self.batch_first = require_bool("batch_first", batch_first)
-        if init not in INITS:
-            raise ValueError(f'init must be "linear" or "torch", got {init!r}')
-        self.init = init
+        self.init = require_init(init)
+
+    @property
+    def in_proj_bias(self) -> Tensor | None:
+        """The Q, K and V biases end to end, (h·d_k + h_kv·d_k + h_kv·d_v,), or None without bias.
+
+        ``torch.nn.MultiheadAttention``'s name for them: torch's transformer layers
+        read it (a new tensor each time; the parameters are the projections' biases).
+        """
+        return torch.cat(self._projection_biases()) if self.bias else None  # (h·d_k + h_kv·d_k + h_kv·d_v,)
+
+    def _projection_biases(self) -> list[Tensor]:
+        """The Q, K and V projections' biases, in that order (the module has biases)."""
+        raise NotImplementedError
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A module pickled whole before grouped-query attention existed has no num_kv_heads.
@@ -221,6 +247,7 @@ class _MultiHeadBase(nn.Module):
         *,
         mask: Tensor | None = ...,
         key_padding_mask: Tensor | None = ...,
+        attn_mask: Tensor | None = ...,
         need_weights: Literal[False] = ...,
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
@@ -237,6 +264,7 @@ class _MultiHeadBase(nn.Module):
         *,
         mask: Tensor | None = ...,
         key_padding_mask: Tensor | None = ...,
+        attn_mask: Tensor | None = ...,
         need_weights: Literal[True],
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
@@ -253,6 +281,7 @@ class _MultiHeadBase(nn.Module):
         *,
         mask: Tensor | None = ...,
         key_padding_mask: Tensor | None = ...,
+        attn_mask: Tensor | None = ...,
         need_weights: bool,
         average_attn_weights: bool = ...,
         is_causal: bool = ...,
@@ -265,9 +294,10 @@ class _MultiHeadBase(nn.Module):
         query: Tensor,
         key: Tensor | None = None,
         value: Tensor | None = None,
-        *,
+        *positional: object,
         mask: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
         need_weights: bool = False,
         average_attn_weights: bool = False,
         is_causal: bool = False,
@@ -279,26 +309,50 @@ class _MultiHeadBase(nn.Module):
         Everything after ``value`` is keyword-only, so that torch's positional
         order (``key_padding_mask`` fourth) cannot slip in with another meaning.
 
+        Two conventions for masks, each under its own name:
+
+        ================================  ==================  ==========================
+        argument                          boolean True means  shape
+        ================================  ==================  ==========================
+        ``mask`` (qkv's)                  may attend          broadcasts to (B, h, T, S)
+        ``attn_mask`` (torch's)           blocked             (T, S) or (B·h, T, S)
+        ``key_padding_mask`` (torch's)    padding (blocked)   (B, S)
+        ================================  ==================  ==========================
+
+        :func:`qkv.padding_mask` gives ``mask``'s form, (B, 1, 1, S) and True for
+        a real key: passed as ``key_padding_mask`` it is refused. A floating mask
+        of any of the three is added to the scores (``-inf`` blocks), and one
+        holding only 0s and 1s is refused, since it would block nothing.
+
         Parameters
         ----------
         query : Tensor, shape (B, T, embed_dim)
             (T, B, embed_dim) when the module has ``batch_first=False``; likewise
-            for ``key`` and ``value`` and the output.
+            for ``key`` and ``value`` and the output. Unbatched, (T, embed_dim),
+            as torch takes it: then ``key`` (S, kdim), ``value`` (S, vdim),
+            ``key_padding_mask`` (S,), ``attn_mask`` (T, S) or (h, T, S), and
+            the output and weights lose their batch axis.
         key : Tensor, shape (B, S, kdim), optional
             Defaults to ``query`` (self-attention).
         value : Tensor, shape (B, S, vdim), optional
             Defaults to ``key``.
         mask : Tensor, optional, broadcastable to (B, h, T, S)
-            Boolean: True means "may attend" (the opposite of
-            ``nn.MultiheadAttention``'s ``attn_mask``; see :func:`qkv.from_torch_mask`).
-            Floating, of the query's dtype: added to the scaled scores (``-inf``
-            blocks). (T, S) for one mask for all (e.g. :func:`qkv.causal_mask`),
-            (B, 1, 1, S) for padding (:func:`qkv.padding_mask`), (B, 1, T, S) per
-            sequence. A 2-D mask is always read as (T, S); a 3-D mask is refused
-            as ambiguous.
+            **qkv's meaning**: boolean True means "may attend", as in
+            ``F.scaled_dot_product_attention``. Floating, of the query's dtype:
+            added to the scaled scores (``-inf`` blocks). (T, S) for one mask for
+            all (e.g. :func:`qkv.causal_mask`), (B, 1, 1, S) for padding
+            (:func:`qkv.padding_mask`), (B, 1, T, S) per sequence. A 2-D mask is
+            always read as (T, S); a 3-D mask is refused as ambiguous.
         key_padding_mask : Tensor, shape (B, S), optional
             **torch's meaning**: boolean True marks a padding key to ignore
-            (floating: added to the scores). Combined with ``mask``.
+            (floating: added to the scores). Combined with ``mask`` or
+            ``attn_mask``. Hugging Face's ``attention_mask`` (1 = real token)
+            becomes ``attention_mask == 0``.
+        attn_mask : Tensor, shape (T, S) or (B·h, T, S), optional
+            **torch's meaning**, exactly as ``nn.MultiheadAttention`` reads it:
+            boolean True means *blocked*; floating, of the query's dtype, is
+            added to the scores; row ``b·h + i`` of a 3-D mask is sequence b's,
+            head i's. Instead of ``mask``, not beside it (that is an error).
         need_weights : bool
             Also return the attention weights (the explicit path); otherwise the
             fused ``F.scaled_dot_product_attention`` runs and ``weights`` is None.
@@ -329,11 +383,17 @@ class _MultiHeadBase(nn.Module):
         Returns
         -------
         output : Tensor, shape (B, T, embed_dim)
-            (T, B, embed_dim) when ``batch_first=False``.
+            (T, B, embed_dim) when ``batch_first=False``; (T, embed_dim) unbatched.
         weights : Tensor, shape (B, h, T, S) or (B, T, S), or None
             With ``need_weights`` only; rows sum to 1 (0 for a query with no
-            allowed key). These are the weights before dropout. Batch first in
-            either layout, as in torch.
+            allowed key, where torch gives NaN). These are the weights before
+            dropout. Batch first in either layout, as in torch; without the batch
+            axis for an unbatched query.
+
+        See Also
+        --------
+        qkv.from_torch_mask : torch's boolean mask in qkv's convention.
+        :doc:`equation` : each library's mask convention, section "Masks".
 
         Examples
         --------
@@ -354,10 +414,30 @@ class _MultiHeadBase(nn.Module):
         ...     x, key_padding_mask=pad, need_weights=True, average_attn_weights=True)
         >>> weights.shape, weights[0, :, 4].abs().max().item()
         (torch.Size([2, 5, 5]), 0.0)
+
+        torch's ``attn_mask``, True where blocked, on one unbatched sequence (T, E):
+
+        >>> blocked = torch.ones(5, 5, dtype=torch.bool).triu(1)  # torch's causal mask
+        >>> out, weights = mha(x[0], attn_mask=blocked, need_weights=True)
+        >>> out.shape, weights.shape, weights[:, 0, 1:].abs().max().item()
+        (torch.Size([5, 12]), torch.Size([3, 5, 5]), 0.0)
         """
+        if positional:  # named here, rather than in Python's words about a base class
+            raise TypeError(
+                f"{type(self).__name__}.forward takes query, key and value by position and the rest by "
+                f"name, got {3 + len(positional)} positional arguments: torch's fourth, key_padding_mask "
+                "(True = padding), goes as key_padding_mask=, and so do need_weights=, attn_mask= and "
+                "the others"
+            )
+        unbatched = isinstance(query, Tensor) and not query.is_nested and query.dim() == 2
+        if unbatched:  # torch's (T, E) input: a batch of one, taken off again at the end
+            query, key, value, key_padding_mask = add_batch_axis(
+                query, key, value, key_padding_mask, embed_dim=self.embed_dim, kdim=self.kdim,
+                vdim=self.vdim, batch_first=self.batch_first,
+            )  # fmt: skip
         q, k, v, m = self._check_forward(
             query, key, value, mask, key_padding_mask, need_weights, average_attn_weights, is_causal,
-            cache, key_value,
+            cache, key_value, attn_mask,
         )  # fmt: skip
         dropout_p = self.dropout if self.training else 0.0
         try:
@@ -367,6 +447,8 @@ class _MultiHeadBase(nn.Module):
             raise error
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # (B, T, S)
+        if unbatched:
+            return output[0], None if weights is None else weights[0]  # (T, E), (h, T, S) or (T, S)
         if not self.batch_first:
             output = output.transpose(0, 1)  # (T, B, embed_dim)
         return output, weights
@@ -397,6 +479,7 @@ class _MultiHeadBase(nn.Module):
         is_causal: object,
         cache: object | None = None,
         key_value: object | None = None,
+        attn_mask: object | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """Validate forward's arguments once, at the boundary; one mask, batch-first inputs."""
         if (cache is not None or key_value is not None) and not self._inference_features:
@@ -421,7 +504,9 @@ class _MultiHeadBase(nn.Module):
             q = self._check_query(query)
             keys = self._check_key_value(key_value, q)
             S = keys.shape[2]
-            m, padding = require_attention_masks(mask, key_padding_mask, q, S, self.num_heads)
+            m, padding = require_attention_masks(
+                mask, key_padding_mask, q, S, self.num_heads, attn_mask=attn_mask
+            )
             k = v = None
         else:
             key = query if key is None else key
@@ -434,7 +519,7 @@ class _MultiHeadBase(nn.Module):
             q, k, v, m, padding = require_multi_head_inputs(
                 query, key, value, mask, num_heads=self.num_heads, embed_dim=self.embed_dim,
                 kdim=self.kdim, vdim=self.vdim, batch_first=self.batch_first,
-                key_padding_mask=key_padding_mask, past=past,
+                key_padding_mask=key_padding_mask, past=past, attn_mask=attn_mask,
             )  # fmt: skip
             if cache is not None:
                 self._check_cache(cache, q, k)
@@ -610,9 +695,72 @@ class _MultiHeadBase(nn.Module):
         module.load_heads(weights)
         return module
 
+    @torch.no_grad()
     def load_heads(self, weights: HeadWeights) -> None:
-        """Copy per-head weights into this module's parameters (in place)."""
+        """Copy per-head weights into this module's parameters (in place).
+
+        ``nn.Linear`` stores W transposed: head i's W_i^Q (d_model, d_k) becomes rows
+        ``[i·d_k, (i+1)·d_k)`` of :class:`MultiHeadAttention`'s ``q_proj.weight``, and
+        ``heads[i].q_proj.weight`` of :class:`PerHeadMultiHeadAttention`'s.
+        """
+        self._check_heads(weights)
+        for name, tensor in self._state_from_heads(weights).items():
+            self.get_parameter(name).copy_(tensor)
+
+    def _state_from_heads(self, weights: HeadWeights) -> dict[str, Tensor]:
+        """Per-head weights (checked against the module) as this module's state-dict entries."""
         raise NotImplementedError
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # load_state_dict calls this for every module, before its children: torch's layout
+        # becomes this module's own here, and the projections then load it as usual.
+        if any(prefix + name in state_dict for name in TORCH_ONLY_KEYS):
+            self._read_torch_state(state_dict, prefix)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _read_torch_state(self, state_dict: dict[str, Any], prefix: str) -> None:
+        """Replace ``torch.nn.MultiheadAttention``'s entries under ``prefix`` by this module's (in place)."""
+        where = f"state_dict (at {prefix!r})" if prefix else "state_dict"
+        if prefix + "bias_k" in state_dict or prefix + "bias_v" in state_dict:
+            raise ValueError(
+                f"{where} holds bias_k and bias_v, from torch.nn.MultiheadAttention(add_bias_kv=True), "
+                "which adds a learned key and value to every sequence; qkv's modules have no such position"
+            )
+        h, sizes = self.num_heads, (self.num_kv_heads, self.d_k, self.d_v)
+        if sizes != (h, self.embed_dim // h, self.embed_dim // h) or self.embed_dim % h:
+            raise ValueError(
+                f"{where} holds torch.nn.MultiheadAttention's weights, which have one K/V head per "
+                "query head and d_k = d_v = embed_dim / num_heads, but this module has "
+                f"num_kv_heads={self.num_kv_heads} for num_heads={h}, d_k={self.d_k}, d_v={self.d_v} "
+                f"and embed_dim={self.embed_dim}: build it with num_kv_heads, d_k and d_v left at "
+                "their defaults"
+            )
+        names = (*TORCH_ONLY_KEYS, "out_proj.weight", "out_proj.bias")
+        found = {name: state_dict[prefix + name] for name in names if prefix + name in state_dict}
+        expected = torch_parameter_shapes(self.embed_dim, self.kdim, self.vdim, self.bias)
+        if {name: tuple(tensor.shape) for name, tensor in found.items()} != expected:
+            got = ", ".join(f"{name} {shape_str(tensor.shape)}" for name, tensor in found.items())
+            wanted = ", ".join(f"{name} {shape_str(shape)}" for name, shape in expected.items())
+            raise ValueError(
+                f"{where} holds torch.nn.MultiheadAttention's weights {got}, but this module "
+                f"(embed_dim={self.embed_dim}, kdim={self.kdim}, vdim={self.vdim}, bias={self.bias}) "
+                f"takes {wanted} in that layout"
+            )
+        weights = heads_from_torch_tensors(found, h)
+        for name in found:
+            del state_dict[prefix + name]
+        state_dict.update({prefix + name: tensor for name, tensor in self._state_from_heads(weights).items()})
 
     def to_heads(self) -> HeadWeights:
         """The module's weights in the paper's per-head form (detached copies)."""
@@ -635,6 +783,12 @@ class MultiHeadAttention(_MultiHeadBase):
     weights are per head unless ``average_attn_weights=True``; and each
     projection is an ``nn.Linear`` initialised as ``nn.Linear`` is
     (``init="torch"`` gives torch's Xavier-uniform projections and zero biases).
+
+    Checkpoints move both ways: ``load_state_dict`` takes an
+    ``nn.MultiheadAttention`` state dict as it is (``in_proj_weight``, or
+    ``q/k/v_proj_weight`` when kdim or vdim differ, ``in_proj_bias``,
+    ``out_proj.*``), alone or inside a model's, and
+    :func:`qkv.interop.to_torch_state_dict` writes one that torch's module loads.
 
     For inference it keeps keys and values: a :class:`KVCache` for decoding
     (``forward(..., cache=...)``), keys and values projected once for
@@ -708,6 +862,17 @@ class MultiHeadAttention(_MultiHeadBase):
     >>> out.shape, mha.q_proj.bias.abs().max().item()
     (torch.Size([4, 2, 12]), 0.0)
 
+    torch's checkpoint, loaded as it is:
+
+    >>> sizes = {"kdim": 10, "vdim": 7}
+    >>> reference = torch.nn.MultiheadAttention(12, 3, batch_first=True, **sizes)
+    >>> mha = qkv.MultiHeadAttention(12, 3, **sizes)
+    >>> mha.load_state_dict(reference.state_dict())
+    <All keys matched successfully>
+    >>> v = torch.randn(2, 6, 7)
+    >>> torch.allclose(mha(x, memory, v)[0], reference(x, memory, v)[0], atol=1e-6)
+    True
+
     Grouped-query attention: 8 query heads share 2 K/V heads, so K and V are a
     quarter of the size:
 
@@ -731,7 +896,7 @@ class MultiHeadAttention(_MultiHeadBase):
         bias: bool = True,
         dropout: float = 0.0,
         batch_first: bool = True,
-        init: str = "linear",
+        init: InitScheme = "linear",
         num_kv_heads: int | None = None,
         rotary: RotaryEmbedding | None = None,
         device: torch.device | str | None = None,
@@ -750,6 +915,9 @@ class MultiHeadAttention(_MultiHeadBase):
         self.out_proj = nn.Linear(h * self.d_v, self.embed_dim, bias=bias, **factory)
         if init != "linear":
             self.reset_parameters()
+
+    def _projection_biases(self) -> list[Tensor]:
+        return [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]  # (h·d_k,), (h_kv·d_k,), (h_kv·d_v,)
 
     def _attend(
         self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None,
@@ -929,25 +1097,21 @@ class MultiHeadAttention(_MultiHeadBase):
             device=parameter.device if device is None else device,
         )
 
-    @torch.no_grad()
-    def load_heads(self, weights: HeadWeights) -> None:
-        """Copy per-head weights into the fused projections (in place).
-
-        ``nn.Linear`` stores W transposed, so head i's W_i^Q (d_model, d_k)
-        becomes rows ``[i·d_k, (i+1)·d_k)`` of ``q_proj.weight``.
-        """
-        self._check_heads(weights)
+    def _state_from_heads(self, weights: HeadWeights) -> dict[str, Tensor]:
         w = weights
-        self.q_proj.weight.copy_(w.w_q.transpose(1, 2).reshape(-1, self.embed_dim))  # (h·d_k, d_model)
-        self.k_proj.weight.copy_(w.w_k.transpose(1, 2).reshape(-1, self.kdim))  # (h_kv·d_k, kdim)
-        self.v_proj.weight.copy_(w.w_v.transpose(1, 2).reshape(-1, self.vdim))  # (h_kv·d_v, vdim)
-        self.out_proj.weight.copy_(w.w_o.T)  # (d_model, h·d_v)
+        state = {
+            "q_proj.weight": w.w_q.transpose(1, 2).reshape(-1, self.embed_dim),  # (h·d_k, d_model)
+            "k_proj.weight": w.w_k.transpose(1, 2).reshape(-1, self.kdim),  # (h_kv·d_k, kdim)
+            "v_proj.weight": w.w_v.transpose(1, 2).reshape(-1, self.vdim),  # (h_kv·d_v, vdim)
+            "out_proj.weight": w.w_o.T.contiguous(),  # (d_model, h·d_v)
+        }
         if w.biases is not None:
             b_q, b_k, b_v, b_o = w.biases
-            self.q_proj.bias.copy_(b_q.reshape(-1))  # (h·d_k,)
-            self.k_proj.bias.copy_(b_k.reshape(-1))  # (h_kv·d_k,)
-            self.v_proj.bias.copy_(b_v.reshape(-1))  # (h_kv·d_v,)
-            self.out_proj.bias.copy_(b_o)  # (d_model,)
+            state["q_proj.bias"] = b_q.reshape(-1)  # (h·d_k,)
+            state["k_proj.bias"] = b_k.reshape(-1)  # (h_kv·d_k,)
+            state["v_proj.bias"] = b_v.reshape(-1)  # (h_kv·d_v,)
+            state["out_proj.bias"] = b_o  # (d_model,)
+        return state
 
     def to_heads(self) -> HeadWeights:
         """The fused weights cut into the paper's per-head form (detached copies).
@@ -1109,7 +1273,7 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
         bias: bool = True,
         dropout: float = 0.0,
         batch_first: bool = True,
-        init: str = "linear",
+        init: InitScheme = "linear",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -1136,6 +1300,10 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
         if init != "linear":
             self.reset_parameters()
 
+    def _projection_biases(self) -> list[Tensor]:
+        heads = [cast(AttentionHead, head) for head in self.heads]
+        return [getattr(head, name).bias for name in ("q_proj", "k_proj", "v_proj") for head in heads]
+
     def _attend(
         self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None,
         need_weights: bool, dropout_p: float, is_causal: bool, cache: KVCache | None,
@@ -1156,23 +1324,20 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
         output = self.out_proj(torch.cat(outputs, dim=-1))  # (B, T, embed_dim)
         return output, torch.stack(weights, dim=1) if need_weights else None
 
-    @torch.no_grad()
-    def load_heads(self, weights: HeadWeights) -> None:
-        """Copy per-head weights into the heads (in place)."""
-        self._check_heads(weights)
+    def _state_from_heads(self, weights: HeadWeights) -> dict[str, Tensor]:
         w = weights
-        for i, module in enumerate(self.heads):
-            head = cast(AttentionHead, module)
-            head.q_proj.weight.copy_(w.w_q[i].T)  # (d_k, d_model)
-            head.k_proj.weight.copy_(w.w_k[i].T)  # (d_k, kdim)
-            head.v_proj.weight.copy_(w.w_v[i].T)  # (d_v, vdim)
+        state = {}
+        for i in range(self.num_heads):
+            state[f"heads.{i}.q_proj.weight"] = w.w_q[i].T  # (d_k, d_model)
+            state[f"heads.{i}.k_proj.weight"] = w.w_k[i].T  # (d_k, kdim)
+            state[f"heads.{i}.v_proj.weight"] = w.w_v[i].T  # (d_v, vdim)
             if w.biases is not None:
-                head.q_proj.bias.copy_(w.biases[0][i])
-                head.k_proj.bias.copy_(w.biases[1][i])
-                head.v_proj.bias.copy_(w.biases[2][i])
-        self.out_proj.weight.copy_(w.w_o.T)  # (d_model, h·d_v)
+                for role, bias in zip("qkv", w.biases[:3], strict=True):
+                    state[f"heads.{i}.{role}_proj.bias"] = bias[i]  # (d_k,) or (d_v,)
+        state["out_proj.weight"] = w.w_o.T  # (d_model, h·d_v)
         if w.biases is not None:
-            self.out_proj.bias.copy_(w.biases[3])
+            state["out_proj.bias"] = w.biases[3]  # (d_model,)
+        return state
 
     def to_heads(self) -> HeadWeights:
         """The heads' weights in the paper's orientation (detached copies)."""
