@@ -25,7 +25,7 @@ from qkv.checks import (
 )
 
 # ---------------------------------------------------------------------------
-# Multi-head attention written by hand, and five ways to get it wrong
+# Multi-head attention written by hand, and seven ways to get it wrong
 # ---------------------------------------------------------------------------
 
 
@@ -46,6 +46,9 @@ class Handmade(qkv.MultiHeadAttention):
         per_sequence = mask.expand(batch, 1, T, S).reshape(batch, T, S)  # (B, T, S)
         return ~per_sequence.repeat_interleave(self.num_heads, dim=0)  # (B·h, T, S)
 
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        return scores.masked_fill(blocked, torch.finfo(scores.dtype).min)  # (B·h, T, S)
+
     def forward(self, query, key=None, value=None, mask=None, need_weights=False):  # type: ignore[override]
         key = query if key is None else key
         value = key if value is None else value
@@ -55,7 +58,7 @@ class Handmade(qkv.MultiHeadAttention):
         v = self.split(self.v_proj(value)).reshape(batch * h, S, -1)  # (B·h, S, d_v)
         scores = q @ k.transpose(1, 2) * self.scale()  # (B·h, T, S)
         if mask is not None:
-            scores = scores.masked_fill(self.blocked(mask, batch, T, S), torch.finfo(scores.dtype).min)
+            scores = self.fill(scores, self.blocked(mask, batch, T, S))  # (B·h, T, S)
         weights = self.normalise(scores)  # (B·h, T, S)
         output = self.out_proj(qkv.merge_heads((weights @ v).view(batch, h, T, -1)))  # (B, T, embed_dim)
         return (output, weights.view(batch, h, T, S)) if need_weights else output
@@ -88,6 +91,16 @@ class MaskWrongHeadOrder(Handmade):
         return ~per_sequence.repeat(self.num_heads, 1, 1)  # wrong order: head by head
 
 
+class FillWithZero(Handmade):
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        return scores.masked_fill(blocked, 0.0)  # wrong: 0 is an ordinary score
+
+
+class FloatMask(Handmade):
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        return scores + (~blocked).float()  # wrong: adds 1 or 0, blocks nothing
+
+
 # Which checks each bug must fail, and words its message must contain.
 BUGS = {
     NoTranspose: (
@@ -103,6 +116,9 @@ BUGS = {
     ),
     InvertedMask: ({"mask_respected", "causal", "matches_reference"}, "mask_respected", "inverted"),
     MaskWrongHeadOrder: ({"mask_respected", "matches_reference"}, "mask_respected", "repeat_interleave"),
+    # A leak is not blamed on the head order, though sequence 0 has no padding to tell apart.
+    FillWithZero: ({"mask_respected", "causal", "matches_reference"}, "mask_respected", "set to 0"),
+    FloatMask: ({"mask_respected", "causal", "matches_reference"}, "mask_respected", "added as floats"),
 }
 
 

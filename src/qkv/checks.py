@@ -435,8 +435,8 @@ def check_rows_sum_to_one(
     return f"every row sums to 1 within {worst:.1e}"
 
 
-def _mask_diagnosis(weights: Tensor, allowed: Tensor, index: tuple[int, ...], atol: float) -> str:
-    """Guess the bug from the pattern of the weights, given the worst (…, query, key) entry."""
+def _mask_diagnosis(weights: Tensor, allowed: Tensor, atol: float) -> str:
+    """Guess the bug from the pattern of the weights on allowed and blocked keys."""
     has_key = allowed.any(dim=-1)  # (..., T)
     mixed = has_key & ~allowed.all(dim=-1)  # (..., T): rows with allowed and blocked keys
     on_allowed = weights.masked_fill(~allowed, 0.0).sum(dim=-1)  # (..., T)
@@ -454,24 +454,43 @@ def _mask_diagnosis(weights: Tensor, allowed: Tensor, index: tuple[int, ...], at
                 "queries (dim=-2), which gives weight even to a blocked key's column"
             )
         return "the rows do not sum to 1 (see rows_sum_to_one): the weights are not normalised over the keys"
-    if weights.dim() == 4 and allowed.shape[0] > 1:
-        b, i, t = index[:3]
-        row, own = weights[b, i, t], allowed[b, i, t]  # (S,), (S,)
-        for other in range(allowed.shape[0]):
-            theirs = allowed[other, i, t]  # (S,)
-            if torch.equal(theirs, own) or not bool((row.masked_fill(theirs, 0.0).abs() <= atol).all()):
-                continue
-            return (
-                f"sequence {b}, head {i} obeys the mask of sequence {other}: a per-sequence mask "
-                "repeated in the wrong order when batch and heads were flattened together "
-                "(mask.repeat(h, 1, 1) orders the rows head by head; scores flattened from "
-                "(B, h, T, S) need mask.repeat_interleave(h, dim=0))"
-            )
+    swapped = _obeys_another_sequence(weights, allowed, atol)
+    if swapped is not None:
+        b, i, other = swapped
+        return (
+            f"sequence {b}, head {i} obeys the mask of sequence {other}: a per-sequence mask "
+            "repeated in the wrong order when batch and heads were flattened together "
+            "(mask.repeat(h, 1, 1) orders the rows head by head; scores flattened from "
+            "(B, h, T, S) need mask.repeat_interleave(h, dim=0))"
+        )
     return (
-        "the mask read with the opposite convention (True = blocked); a padding mask "
-        "broadcast along the wrong axes (it must be (B, 1, 1, S), not (B, S)); or a mask "
-        "repeated in the wrong order when batch and heads are flattened together"
+        "blocked keys get weight, yet every row still sums to 1: blocked scores set to 0 "
+        "(or a 0/1 mask added as floats) instead of -inf or the lowest float; or a padding "
+        "mask broadcast along the wrong axes (it must be (B, 1, 1, S), not (B, S))"
     )
+
+
+def _obeys_another_sequence(weights: Tensor, allowed: Tensor, atol: float) -> tuple[int, int, int] | None:
+    """Find a (sequence, head) whose weights follow another sequence's mask instead of its own.
+
+    Evidence needs keys that the head's own mask allows and the other mask blocks: a head
+    that puts no weight on any of them (where it has some) follows the other mask. A bug
+    that only leaks weight onto blocked keys never zeroes an allowed one, so it is not
+    mistaken for this.
+    """
+    if weights.dim() != 4 or allowed.shape[0] < 2:
+        return None
+    for b in range(allowed.shape[0]):
+        for other in range(allowed.shape[0]):
+            if other == b:
+                continue
+            telling = allowed[b] & ~allowed[other]  # (h, T, S): allowed here, blocked there
+            rows = telling.any(dim=-1)  # (h, T): rows that can tell the masks apart
+            follows = (weights[b].masked_fill(allowed[other], 0.0).abs() <= atol).all(dim=-1)  # (h, T)
+            for i in range(allowed.shape[1]):
+                if bool(rows[i].any()) and bool(follows[i][rows[i]].all()):
+                    return b, i, other
+    return None
 
 
 def check_mask_respected(
@@ -531,7 +550,7 @@ def check_mask_respected(
             "keys blocked by the mask (False) must get zero weight",
             f"weight <= {atol:g} on every blocked key",
             f"weight {_number(worst)} on a blocked key, at {_where(index, ('query', 'key'))}",
-            _mask_diagnosis(weights, allowed, index, atol),
+            _mask_diagnosis(weights, allowed, atol),
         )
     return f"blocked keys get at most {worst:.1e}"
 
