@@ -1249,7 +1249,7 @@ class PerHeadMultiHeadAttention(_MultiHeadBase):
     See Also
     --------
     MultiHeadAttention
-    :doc:`heads` : the paper's form as a module, section "The equivalence ladder".
+    :doc:`heads/ladder` : the paper's form as a module, the ladder's first rung.
 
     Examples
     --------
