@@ -209,3 +209,17 @@ def test_packed_layouts_reject_bad_sizes():
         packed_layouts(0, 2)
     with pytest.raises(ValueError, match=r"3 · num_heads · d_k = 3 · 8 · 8 = 192 is more than 96"):
         packed_layouts(8, 8)
+
+
+def test_cut_draws_one_row_and_the_heads_stacked_as_the_products_they_are():
+    x = torch.randn(2, 4, 12)  # a batch: the first sequence is drawn
+    figure = heads_from_one_matrix(x, MHA, cut=True)
+    names = matrix_names(figure)
+    assert names == ["X", "W^Q", "Q", "Q_1", "Q_2", "Q_3"]  # no per-head X_i or W_i^Q rows
+    for i in (1, 2, 3):
+        assert size(figure, f"Q_{i}") == 4 * 5 and everywhere(figure, f"Q_{i}") == {HEADS[i - 1]}
+    texts = texts_of(figure)
+    assert "$Q_2 = X\\,W_2^Q$" in texts and "$W_3^Q$" in texts and "(3, 4, 5)" in texts
+    assert any(".transpose(1, 2)" in t for t in texts)
+    with pytest.raises(TypeError, match="cut"):
+        heads_from_one_matrix(x, MHA, cut="yes")  # type: ignore[arg-type]

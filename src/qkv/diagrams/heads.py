@@ -51,7 +51,7 @@ def _em(canvas: Canvas, size: float = 1.0) -> float:
     return canvas.inch(canvas.font * size / 72)
 
 
-def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") -> Figure:
+def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q", cut: bool = False) -> Figure:
     """One big W^Q is h small W_i^Q side by side, and Q = X W^Q is the h products X W_i^Q side by side.
 
     The top row is the fused projection ``X (T, d_model) × W^Q (d_model, h·d_k) =
@@ -73,6 +73,11 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
     projection : {"q", "k", "v"}
         Which projection to draw. K and V have h_kv heads (fewer than h for
         grouped-query weights), so W^K is cut into h_kv blocks.
+    cut : bool
+        Draw one row instead of one per head: the fused product, then its cut
+        into heads, ``.view(B, T, h, d_k).transpose(1, 2)``, each head's block
+        stacked and labelled as the product it equals, ``Q_i = X W_i^Q`` (the
+        matrices ``"Q_1"``, ... keep their names; no ``"X_i"`` or ``"W_i^Q"``).
 
     Returns
     -------
@@ -112,6 +117,8 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
     colours = [head_colour(j // d) for j in range(width_out)]
     kind = "head" if projection == "q" or n == weights.num_heads else "K/V head"
 
+    if require_bool("cut", cut):
+        return _one_matrix_cut(x2, fused, per_head, letter, role, kind)
     block_height = max(T, d_in)
     label_room = _ABOVE + _BELOW
     canvas = Canvas(
@@ -154,6 +161,53 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q") ->
                                 shape=(T, d), frame=role)  # fmt: skip
         canvas.operator((gap / 2 + d_in + w_box["x"]) / 2, y + T / 2, "×")
         canvas.operator((w_box["right"] + out_box["x"]) / 2, y + T / 2, "=")
+    return canvas.fit()
+
+
+def _one_matrix_cut(
+    x2: torch.Tensor, fused: torch.Tensor, per_head: torch.Tensor, letter: str, role: str, kind: str
+) -> Figure:
+    """The one-row form of :func:`heads_from_one_matrix`: X W = Q, then Q cut into its heads."""
+    n, d_in, d = per_head.shape
+    T, width_out = x2.shape[0], fused.shape[1]
+    colours = [head_colour(j // d) for j in range(width_out)]
+    arrow, names = 1.6, 1.2  # inches: the arrow with its code, the names right of the heads
+    head_gap = 0.25  # inches between two heads' blocks
+    stacked = n * T  # the heads' blocks, one under the other
+    canvas = Canvas(
+        d_in + 2 * width_out + d,
+        max(d_in, stacked),
+        extra_width=3 * _GAP + arrow + names,
+        extra_height=_TITLE + _ABOVE + _BELOW + (n - 1) * head_gap,
+    )
+    gap = canvas.inch(_GAP)
+    top = canvas.inch(_TITLE + _ABOVE)
+    x_w = gap / 2 + d_in + gap
+    x_out = x_w + width_out + gap
+    x_heads = x_out + width_out + canvas.inch(arrow)
+    canvas.title(f"One big $W^{letter}$ = {n} small $W_i^{letter}$ side by side; "
+                 f"cut into {kind}s, ${letter}$ gives each $X\\,W_i^{letter}$")  # fmt: skip
+    canvas.matrix(gap / 2, top, T, d_in, ROLE_COLOURS["x"], label="X", shape=tuple(x2.shape))
+    canvas.operator(x_w - gap / 2, top + T / 2, "×")
+    canvas.matrix(x_w, top, d_in, width_out, role, column_colours=colours, label=f"W^{letter}",
+                  shape=tuple(fused.shape), frame=role)  # fmt: skip
+    canvas.operator(x_out - gap / 2, top + T / 2, "=")
+    canvas.matrix(x_out, top, T, width_out, role, column_colours=colours, label=letter,
+                  shape=(T, width_out), frame=role)  # fmt: skip
+    for i in range(n):  # each block's name inside it
+        w_name = f"$W_{_index(i)}^{letter}$"
+        canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, colour=ink_on(head_colour(i)), size=0.85,
+                    gid=f"{w_name}:inside")  # fmt: skip
+    canvas.arrow(x_out + width_out, top + T / 2, x_heads, top + T / 2,
+                 label=".view(B, T, h, d_k)\n.transpose(1, 2)")  # fmt: skip
+    for i in range(n):
+        y = top + i * (T + canvas.inch(head_gap))
+        canvas.matrix(x_heads, y, T, d, head_colour(i), label=None, gid=f"{letter}_{_index(i)}", frame=role)
+        product = f"${letter}_{_index(i)} = X\\,W_{_index(i)}^{letter}$"
+        name_x = x_heads + d + canvas.inch(0.1)
+        canvas.text(name_x, y + T / 2, product, ha="left", gid=f"{letter}_{_index(i)}:name")
+    bottom = top + n * T + (n - 1) * canvas.inch(head_gap) + canvas.inch(0.05)
+    canvas.text(x_heads + d / 2, bottom, f"({n}, {T}, {d})", va="top", size=0.85)
     return canvas.fit()
 
 
