@@ -178,7 +178,7 @@ def _one_matrix_cut(
         d_in + 2 * width_out + d,
         max(d_in, stacked),
         extra_width=3 * _GAP + arrow + names,
-        extra_height=_TITLE + _ABOVE + _BELOW + (n - 1) * head_gap,
+        extra_height=_TITLE + _ABOVE + _BELOW + max((n - 1) * head_gap, _LINE),
     )
     gap = canvas.inch(_GAP)
     top = canvas.inch(_TITLE + _ABOVE)
@@ -200,6 +200,11 @@ def _one_matrix_cut(
                     gid=f"{w_name}:inside")  # fmt: skip
     canvas.arrow(x_out + width_out, top + T / 2, x_heads, top + T / 2,
                  label=".view(B, T, h, d_k)\n.transpose(1, 2)")  # fmt: skip
+    methods = top + max(T, d_in) + canvas.inch(_BELOW + 0.05)  # under the shapes: which method is which
+    canvas.text((gap / 2 + x_out + width_out) / 2, methods, "Method 1: one product", va="top", size=0.85)
+    canvas.text((x_out + width_out + x_heads) / 2, top + T / 2 + canvas.inch(0.08), "Method 2: the cut",
+                va="top", size=0.85)  # fmt: skip
+    canvas.text(x_heads + d / 2, top - canvas.inch(0.06), "Method 3", va="bottom", size=0.85)
     for i in range(n):
         y = top + i * (T + canvas.inch(head_gap))
         canvas.matrix(x_heads, y, T, d, head_colour(i), label=None, gid=f"{letter}_{_index(i)}", frame=role)
@@ -207,7 +212,7 @@ def _one_matrix_cut(
         name_x = x_heads + d + canvas.inch(0.1)
         canvas.text(name_x, y + T / 2, product, ha="left", gid=f"{letter}_{_index(i)}:name")
     bottom = top + n * T + (n - 1) * canvas.inch(head_gap) + canvas.inch(0.05)
-    canvas.text(x_heads + d / 2, bottom, f"({n}, {T}, {d})", va="top", size=0.85)
+    canvas.text(x_heads + d / 2, bottom, f"each ({T}, {d})", va="top", size=0.85)
     return canvas.fit()
 
 
