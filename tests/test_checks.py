@@ -25,7 +25,7 @@ from qkv.checks import (
 )
 
 # ---------------------------------------------------------------------------
-# Multi-head attention written by hand, and seven ways to get it wrong
+# Multi-head attention written by hand, and eight ways to get it wrong
 # ---------------------------------------------------------------------------
 
 
@@ -96,6 +96,19 @@ class FillWithZero(Handmade):
         return scores.masked_fill(blocked, 0.0)  # wrong: 0 is an ordinary score
 
 
+class MaskAfterSoftmax(Handmade):
+    def forward(self, query, key=None, value=None, mask=None, need_weights=False):  # type: ignore[override]
+        self.mask_after = mask
+        return super().forward(query, key, value, None, need_weights)  # the scores pass unmasked
+
+    def normalise(self, scores: Tensor) -> Tensor:
+        weights = torch.softmax(scores, dim=-1)  # (B·h, T, S)
+        if self.mask_after is None:
+            return weights
+        batch, T, S = weights.shape[0] // self.num_heads, weights.shape[1], weights.shape[2]
+        return weights.masked_fill(self.blocked(self.mask_after, batch, T, S), 0.0)  # wrong: after
+
+
 class FloatMask(Handmade):
     def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
         return scores + (~blocked).float()  # wrong: adds 1 or 0, blocks nothing
@@ -119,6 +132,11 @@ BUGS = {
     # A leak is not blamed on the head order, though sequence 0 has no padding to tell apart.
     FillWithZero: ({"mask_respected", "causal", "matches_reference"}, "mask_respected", "set to 0"),
     FloatMask: ({"mask_respected", "causal", "matches_reference"}, "mask_respected", "added as floats"),
+    MaskAfterSoftmax: (
+        {"rows_sum_to_one", "causal", "matches_reference"},
+        "rows_sum_to_one",
+        "applied after the softmax",
+    ),
 }
 
 

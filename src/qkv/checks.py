@@ -427,12 +427,34 @@ def check_rows_sum_to_one(
             "each query's weights over the keys must sum to 1",
             f"|row sum - 1| <= {atol:g} for every query",
             f"{spread}; the worst is {_number(float(sums[index]))}, at {_where_row(index)}",
-            "the columns sum to 1 instead: the softmax is taken over the queries (dim=-2), not "
-            "over the keys (dim=-1)"
-            if _columns_sum_to_one(weights)
-            else _SOFTMAX_AXIS,
+            _rows_diagnosis(weights, None if m is None else _allowed(m, weights), atol),
         )
     return f"every row sums to 1 within {worst:.1e}"
+
+
+def _rows_diagnosis(weights: Tensor, allowed: Tensor | None, atol: float) -> str:
+    """Guess why rows do not sum to 1: the softmax's axis, or a mask applied after it."""
+    if _columns_sum_to_one(weights):
+        return (
+            "the columns sum to 1 instead: the softmax is taken over the queries (dim=-2), not "
+            "over the keys (dim=-1)"
+        )
+    if allowed is not None:
+        blocked_weight = weights.masked_fill(allowed, 0.0).abs()  # (..., T, S)
+        sums = weights.sum(dim=-1)  # (..., T)
+        mixed = allowed.any(dim=-1) & ~allowed.all(dim=-1)  # (..., T): rows with some blocked key
+        if (
+            bool(mixed.any())
+            and bool((blocked_weight <= atol).all())
+            and bool((sums[mixed] < 1.0 - atol).all())
+            and bool(((sums - 1.0).abs() <= atol)[allowed.all(dim=-1)].all())
+        ):
+            return (
+                "only rows with blocked keys fall short of 1, and blocked keys get 0: the mask is "
+                "applied after the softmax, so what the blocked keys had is lost; fill the scores "
+                "with -inf (or the lowest float) before the softmax instead"
+            )
+    return _SOFTMAX_AXIS
 
 
 def _mask_diagnosis(weights: Tensor, allowed: Tensor, atol: float) -> str:
