@@ -168,6 +168,8 @@ def _one_matrix_cut(
     x2: torch.Tensor, fused: torch.Tensor, per_head: torch.Tensor, letter: str, role: str, kind: str
 ) -> Figure:
     """The one-row form of :func:`heads_from_one_matrix`: X W = Q, then Q cut into its heads."""
+    from matplotlib import patheffects
+
     n, d_in, d = per_head.shape
     T, width_out = x2.shape[0], fused.shape[1]
     colours = [head_colour(j // d) for j in range(width_out)]
@@ -194,17 +196,20 @@ def _one_matrix_cut(
     canvas.operator(x_out - gap / 2, top + T / 2, "=")
     canvas.matrix(x_out, top, T, width_out, role, column_colours=colours, label=letter,
                   shape=(T, width_out), frame=role)  # fmt: skip
+    halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
     for i in range(n):  # each block's name inside it
         w_name = f"$W_{_index(i)}^{letter}$"
-        canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, colour=ink_on(head_colour(i)), size=0.85,
+        canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, size=0.85, path_effects=halo,
                     gid=f"{w_name}:inside")  # fmt: skip
-    canvas.arrow(x_out + width_out, top + T / 2, x_heads, top + T / 2,
-                 label=".view(B, T, h, d_k)\n.transpose(1, 2)")  # fmt: skip
+    cut_code = "Method 2: the cut\n.view(B, T, h, d_k)\n.transpose(1, 2)"
+    canvas.text((x_out + width_out + x_heads) / 2, top + T / 2 - canvas.inch(0.04), cut_code, va="bottom", size=0.85)
+    for i in range(n):  # Q's cut: one arrow to each head's block
+        y = top + i * (T + canvas.inch(head_gap)) + T / 2
+        canvas.arrow(x_out + width_out, top + T / 2, x_heads, y)
     methods = top + max(T, d_in) + canvas.inch(_BELOW + 0.05)  # under the shapes: which method is which
     canvas.text((gap / 2 + x_out + width_out) / 2, methods, "Method 1: one product", va="top", size=0.85)
-    canvas.text((x_out + width_out + x_heads) / 2, top + T / 2 + canvas.inch(0.08), "Method 2: the cut",
-                va="top", size=0.85)  # fmt: skip
-    canvas.text(x_heads + d / 2, top - canvas.inch(0.06), "Method 3", va="bottom", size=0.85)
+    canvas.text(x_heads + d + canvas.inch(0.1), top - canvas.inch(0.06), "Method 3, head by head:", ha="left",
+                va="bottom", size=0.85)  # fmt: skip
     for i in range(n):
         y = top + i * (T + canvas.inch(head_gap))
         canvas.matrix(x_heads, y, T, d, head_colour(i), label=None, gid=f"{letter}_{_index(i)}", frame=role)
