@@ -202,7 +202,8 @@ def _one_matrix_cut(
         canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, size=0.85, path_effects=halo,
                     gid=f"{w_name}:inside")  # fmt: skip
     cut_code = "Method 2: the cut\n.view(B, T, h, d_k)\n.transpose(1, 2)"
-    canvas.text((x_out + width_out + x_heads) / 2, top + T / 2 - canvas.inch(0.04), cut_code, va="bottom", size=0.85)
+    above_arrow = top + T / 2 - canvas.inch(0.04)
+    canvas.text((x_out + width_out + x_heads) / 2, above_arrow, cut_code, va="bottom", size=0.85)
     for i in range(n):  # Q's cut: one arrow to each head's block
         y = top + i * (T + canvas.inch(head_gap)) + T / 2
         canvas.arrow(x_out + width_out, top + T / 2, x_heads, y)
