@@ -34,7 +34,7 @@ def test_the_arrows_are_the_rotated_query_and_key(pairing):
             turned = rope(x[None], torch.tensor([position]))[0]
             assert (x_end, y_end) == pytest.approx((turned[a].item(), turned[b].item()), abs=1e-9)
             assert matplotlib.colors.to_hex(colour) == ROLE_COLOURS[name].lower()
-    titles = [ax.get_title().split("angle left")[1] for ax in figure.axes]
+    titles = [ax.get_title().split("angle from q to k")[1] for ax in figure.axes]
     assert titles[0] == titles[1]  # the same t - s leaves the same angle
     assert all(ax.get_xlabel() and ax.get_ylabel() for ax in figure.axes)
 
