@@ -262,7 +262,7 @@ def pairings(d_k: int = 8) -> Figure:
         raise ValueError(f"d_k must be even to pair its dimensions, got {d_k}")
     rows = {
         "interleaved": (1.0, "interleaved: 2j with 2j + 1\n(Meta's reference code)"),
-        "half": (0.0, "half-split: j with j + d_k/2\n(Hugging Face's Llama)"),
+        "half": (0.0, "half-split: j with j + $d_k/2$\n(Hugging Face's Llama)"),
     }
     figure = Figure(figsize=(2.6 + 0.6 * d_k, 1.9), dpi=100, layout="constrained")
     ax = figure.subplots()
@@ -282,6 +282,6 @@ def pairings(d_k: int = 8) -> Figure:
         ax.plot(xs, [1.0, 0.5], color="#999999", linewidth=0.8, gid=f"move-{m_inter}")
     ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
     ax.set_ylim(-0.05, 1.55)
-    ax.set_title("Dimensions of one colour turn together (pair j, by t·θ_j)", fontsize=FONT)
+    ax.set_title(r"Dimensions of one colour turn together (pair $j$, by $t\theta_j$)", fontsize=FONT)
     ax.axis("off")
     return figure
