@@ -379,3 +379,15 @@ def test_pairings_colours_partners_alike_and_draws_the_conversion(d_k):
         assert tuple(lines[f"move-{m_inter}"]) == pytest.approx((m_inter + 0.45, m_half + 0.45))
     with pytest.raises(ValueError, match="d_k must be even"):
         qkv.diagrams.pairings(5)
+
+
+def test_pairings_points_its_conversion_arrows_down_and_scores_name_their_colour_bar():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figure = qkv.diagrams.pairings(4)
+    heads = [a for a in figure.axes[0].texts if isinstance(a, matplotlib.text.Annotation)]
+    assert len(heads) == 4 and all(a.xy[1] == 0.5 for a in heads)  # each ends on the half-split row
+    scores = randn(3, 3)
+    figure = qkv.diagrams.position_scores({"a": scores}, label="score q·k/√d_k")
+    assert figure.axes[-1].get_ylabel() == "score q·k/√d_k"
