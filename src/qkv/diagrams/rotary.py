@@ -137,11 +137,12 @@ def rotation(
         between = (angle_k - angle_q + 180) % 360 - 180  # from the query to the key, in (-180, 180]
         start, end = (angle_q, angle_q + between) if between >= 0 else (angle_q + between, angle_q)
         ax.add_patch(Arc((0, 0), 0.6 * reach, 0.6 * reach, theta1=start, theta2=end, color=TEXT_COLOUR))
-        for position, (tip_x, tip_y), name in ((t, q, "q"), (s, k, "k")):
+        for position, name in ((t, "q"), (s, "k")):
             if position == 0:  # not turned: the "before" arrow lies under the turned one
-                ax.annotate(f"{name} before = {name} turned\n(position 0)", (tip_x, tip_y), xytext=(0, -14),
-                            textcoords="offset points", ha="center", va="top", fontsize=FONT - 3,
-                            color=TEXT_COLOUR, gid=f"{name}-unturned-{n}")  # fmt: skip
+                corner = 0.97 if name == "q" else 0.88  # top left, one line apart
+                ax.text(0.03, corner, f"{name} before = {name} turned (position 0)", transform=ax.transAxes,
+                        ha="left", va="top", fontsize=FONT - 3, color=ROLE_COLOURS[name],
+                        gid=f"{name}-unturned-{n}")  # fmt: skip
         title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°".replace("-", "−")
         ax.set_title(title, fontsize=FONT)
         ax.set_xlim(-reach, reach)
