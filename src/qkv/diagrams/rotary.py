@@ -209,7 +209,8 @@ def position_scores(
     --------
     >>> import torch, qkv
     >>> rope = qkv.RotaryEmbedding(8, angle_dtype=torch.float64)
-    >>> q, k = torch.randn(1, 8, dtype=torch.float64), torch.randn(1, 8, dtype=torch.float64)
+    >>> q = torch.randn(1, 8, dtype=torch.float64)
+    >>> k = torch.randn(1, 8, dtype=torch.float64)
     >>> t = torch.arange(10)
     >>> scores = rope(q.expand(10, 8), t) @ rope(k.expand(10, 8), t).T  # (T, S)
     >>> figure = qkv.diagrams.position_scores({"RoPE": scores})
@@ -352,8 +353,10 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
     --------
     >>> import torch, qkv
     >>> mha = qkv.MultiHeadAttention(16, 2)
-    >>> figure = qkv.diagrams.rotary.position_flow(torch.randn(6, 16), mha, qkv.RotaryEmbedding(8))
-    >>> sorted(p.get_gid() for p in figure.axes[0].patches if p.get_gid().startswith("R_"))
+    >>> rope = qkv.RotaryEmbedding(8)
+    >>> figure = qkv.diagrams.position_flow(torch.randn(6, 16), mha, rope)
+    >>> gids = [p.get_gid() for p in figure.axes[0].patches]
+    >>> sorted(gid for gid in gids if gid.startswith("R_"))
     ['R_s', 'R_t']
     """
     require_matplotlib()
