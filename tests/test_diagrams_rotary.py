@@ -1,4 +1,4 @@
-"""qkv.diagrams.rotation: the arrows drawn are the rotations qkv computes, read back from the figure."""
+"""qkv.diagrams.rotation and position_flow: what is drawn is what qkv computes, read back from the figure."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_the_arrows_are_the_rotated_query_and_key(pairing):
             turned = rope(x[None], torch.tensor([position]))[0]
             assert (x_end, y_end) == pytest.approx((turned[a].item(), turned[b].item()), abs=1e-9)
             assert matplotlib.colors.to_hex(colour) == ROLE_COLOURS[name].lower()
-    titles = [ax.get_title().split("angle left")[1] for ax in figure.axes]
+    titles = [ax.get_title().split("angle from q to k")[1] for ax in figure.axes]
     assert titles[0] == titles[1]  # the same t - s leaves the same angle
     assert all(ax.get_xlabel() and ax.get_ylabel() for ax in figure.axes)
 
@@ -45,3 +45,31 @@ def test_bad_input_is_named():
         qkv.diagrams.rotation(torch.randn(4), torch.randn(6), rope, [(1, 0)])
     with pytest.raises(ValueError, match="pair must be between 0 and 2, got 3"):
         qkv.diagrams.rotation(torch.randn(6), torch.randn(6), rope, [(1, 0)], pair=3)
+
+
+def test_the_angle_is_signed_and_an_unturned_arrow_is_named():
+    rope = qkv.RotaryEmbedding(6, angle_dtype=torch.float64)
+    q, k = torch.tensor([1.0, 0, 0, 0, 0, 0]), torch.tensor([1.0, 0, 0, 0, 0, 0])
+    figure = qkv.diagrams.rotation(q, k, rope, [(1, 0), (0, 1)])  # pair 0 turns one radian per position
+    degrees = round(math.degrees(1.0))
+    assert figure.axes[0].get_title().endswith(f"angle from q to k: −{degrees}°")  # k behind q: clockwise
+    assert figure.axes[1].get_title().endswith(f"angle from q to k: +{degrees}°")
+    notes = {t.get_gid() for ax in figure.axes for t in ax.texts}
+    assert {"k-unturned-0", "q-unturned-1"} <= notes and "q-unturned-0" not in notes
+    assert "counter-clockwise" in figure.legends[0].get_title().get_text()
+
+
+def test_position_flow_turns_queries_and_keys_and_not_values():
+    mha = qkv.MultiHeadAttention(12, 3)  # d_k = 4
+    figure = qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(4))
+    boxes = {p.get_gid(): p for p in figure.axes[0].patches}
+    assert {"R_t", "R_s", "no-rotation", "q", "k", "v", "score", "sum", "output"} <= set(boxes)
+    assert boxes["R_t"].get_edgecolor()[:3] == matplotlib.colors.to_rgb(ROLE_COLOURS["q"])
+    assert boxes["R_s"].get_edgecolor()[:3] == matplotlib.colors.to_rgb(ROLE_COLOURS["k"])
+    assert boxes["no-rotation"].get_linestyle() == "--"
+    texts = qkv.diagrams.texts_of(figure)
+    assert {"(5, 12)", "(12, 3·4)", "(5, 4)", "no turn"} <= set(texts)
+    with pytest.raises(ValueError, match="the layer's heads have d_k=4, but rotary is for d_k=8"):
+        qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(8))
+    with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):
+        qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, None)

@@ -335,3 +335,59 @@ def test_a_module_pickled_before_rotary_loads_without_it():
     restored.__setstate__(state)
     assert restored.rotary is None
     assert pickle.loads(pickle.dumps(module())).rotary == module().rotary
+
+
+# --- The rotary diagrams added for the answer page -------------------------------------------
+
+
+def test_position_scores_draws_the_scores_and_their_range_along_each_diagonal():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rope = exact()
+    q, k = randn(1, D), randn(1, D, seed=1)
+    t = torch.arange(7)
+    rotated = rope(q.expand(7, D), t) @ rope(k.expand(5, D), t[:5]).T  # (T, S) = (7, 5)
+    added = randn(7, 5, seed=2)
+    figure = qkv.diagrams.position_scores({"RoPE": rotated, "added": added})
+    for n, (grid, ax) in enumerate(zip((rotated, added), figure.axes, strict=False)):
+        (image,) = [i for i in ax.get_images() if i.get_gid() == f"scores-{n}"]
+        torch.testing.assert_close(torch.as_tensor(image.get_array().data), grid)
+        assert ax.get_xlabel() == "key position s" and ax.get_title()
+    spread = max(float(d.max() - d.min()) for o in range(-6, 5) if (d := added.diagonal(o)).numel() > 1)
+    assert figure.axes[0].get_title().endswith("range along a diagonal: 0.00")
+    assert figure.axes[1].get_title().endswith(f"range along a diagonal: {spread:.2f}")
+    with pytest.raises(ValueError, match="panels must map at least one title"):
+        qkv.diagrams.position_scores({})
+
+
+@pytest.mark.parametrize("d_k", [4, 8])
+def test_pairings_colours_partners_alike_and_draws_the_conversion(d_k):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figure = qkv.diagrams.pairings(d_k)
+    patches = {p.get_gid(): p for p in figure.axes[0].patches}
+    colour = {gid: matplotlib.colors.to_hex(p.get_facecolor()) for gid, p in patches.items()}
+    for j in range(d_k // 2):  # the partners the text names: (2j, 2j + 1) and (j, j + d_k/2)
+        assert colour[f"interleaved-{2 * j}"] == colour[f"interleaved-{2 * j + 1}"]
+        assert colour[f"half-{j}"] == colour[f"half-{j + d_k // 2}"] == colour[f"interleaved-{2 * j}"]
+    assert len({colour[f"half-{j}"] for j in range(d_k // 2)}) == d_k // 2
+    lines = {line.get_gid(): line.get_xdata() for line in figure.axes[0].lines}
+    moved = qkv.interleaved_to_half(torch.arange(float(d_k)), 1).long().tolist()  # row m holds moved[m]
+    for m_half, m_inter in enumerate(moved):
+        assert tuple(lines[f"move-{m_inter}"]) == pytest.approx((m_inter + 0.45, m_half + 0.45))
+    with pytest.raises(ValueError, match="d_k must be even"):
+        qkv.diagrams.pairings(5)
+
+
+def test_pairings_points_its_conversion_arrows_down_and_scores_name_their_colour_bar():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figure = qkv.diagrams.pairings(4)
+    heads = [a for a in figure.axes[0].texts if isinstance(a, matplotlib.text.Annotation)]
+    assert len(heads) == 4 and all(a.xy[1] == 0.5 for a in heads)  # each ends on the half-split row
+    scores = randn(3, 3)
+    figure = qkv.diagrams.position_scores({"a": scores}, label="score q·k/√d_k")
+    assert figure.axes[-1].get_ylabel() == "score q·k/√d_k"

@@ -23,7 +23,7 @@ from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
 from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
 from qkv.diagrams.roles import data_flow
-from qkv.diagrams.rotary import rotation
+from qkv.diagrams.rotary import pairings, position_flow, position_scores, rotation
 
 __all__ = [
     "HEAD_COLOURS",
@@ -40,7 +40,10 @@ __all__ = [
     "matrix_names",
     "multi_head",
     "packed_layouts",
+    "pairings",
     "patches_by_gid",
+    "position_flow",
+    "position_scores",
     "projection",
     "reshape",
     "rotation",

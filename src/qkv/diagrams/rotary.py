@@ -1,4 +1,6 @@
-"""Rotary position embeddings pictured: a query and a key turned by their positions.
+"""Rotary position embeddings pictured: where position enters a layer, which dimensions turn
+together, a query and a key turned by their positions, and the scores that depend only on
+how far apart they are.
 
 See also
 --------
@@ -8,19 +10,28 @@ The page :doc:`rotary` (book/rotary.ipynb).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from qkv._validation import require_tensor, shape_str
-from qkv.diagrams._draw import FONT, ROLE_COLOURS, TEXT_COLOUR, require_matplotlib
-from qkv.rotary import RotaryEmbedding
+from qkv._validation import require_positive_int, require_tensor, shape_str
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    FONT,
+    HEAD_COLOURS,
+    ROLE_COLOURS,
+    TEXT_COLOUR,
+    ink_on,
+    layer_inputs,
+    require_matplotlib,
+)
+from qkv.rotary import RotaryEmbedding, interleaved_to_half
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["rotation"]
+__all__ = ["pairings", "position_flow", "position_scores", "rotation"]
 
 
 def _plane(rotary: RotaryEmbedding, pair: int) -> tuple[int, int]:
@@ -42,8 +53,12 @@ def rotation(
 
     One panel per ``(t, s)``: the query before rotation (dashed) and after, turned by
     ``t · θ_j``, in Q's blue; the key likewise by ``s · θ_j``, in K's vermillion; and
-    the angle left between them, marked and written in the title. The rotations are
-    computed by ``rotary`` itself. Pairs with the same ``t - s`` leave the same angle.
+    the signed angle from the turned query to the turned key (counter-clockwise
+    positive, in (-180°, 180°]), marked by an arc and written in the title. At position
+    0 a vector is not turned, and its two arrows coincide: a note says so. A legend
+    below the panels names the arrows, the pair and the sign convention. The rotations
+    are computed by ``rotary`` itself. Pairs with the same ``t - s`` leave the same
+    angle.
 
     Parameters
     ----------
@@ -78,6 +93,7 @@ def rotation(
     """
     require_matplotlib()
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Arc, FancyArrow
 
     if not isinstance(rotary, RotaryEmbedding):
@@ -102,7 +118,7 @@ def rotation(
 
     raw_q, raw_k = point(vectors["query"], None), point(vectors["key"], None)
     reach = 1.25 * max(math.hypot(*raw_q), math.hypot(*raw_k), 1e-12)
-    figure = Figure(figsize=(3.3 * len(positions), 3.7), dpi=100, layout="constrained")
+    figure = Figure(figsize=(3.1 * len(positions), 3.9), dpi=100, layout="constrained")
     axes = figure.subplots(1, len(positions), squeeze=False)[0]
     for n, ((t, s), ax) in enumerate(zip(positions, axes, strict=True)):
         q, k = point(vectors["query"], t), point(vectors["key"], s)
@@ -121,9 +137,14 @@ def rotation(
         between = (angle_k - angle_q + 180) % 360 - 180  # from the query to the key, in (-180, 180]
         start, end = (angle_q, angle_q + between) if between >= 0 else (angle_q + between, angle_q)
         ax.add_patch(Arc((0, 0), 0.6 * reach, 0.6 * reach, theta1=start, theta2=end, color=TEXT_COLOUR))
-        ax.annotate(f"q at t={t}", q, color=ROLE_COLOURS["q"], fontsize=FONT - 1)
-        ax.annotate(f"k at s={s}", k, color=ROLE_COLOURS["k"], fontsize=FONT - 1)
-        ax.set_title(f"t={t}, s={s}, t−s={t - s}:\nangle left {abs(between):.0f}°", fontsize=FONT)
+        for position, name in ((t, "q"), (s, "k")):
+            if position == 0:  # not turned: the "before" arrow lies under the turned one
+                corner = 0.97 if name == "q" else 0.88  # top left, one line apart
+                ax.text(0.03, corner, f"{name} before = {name} turned (position 0)", transform=ax.transAxes,
+                        ha="left", va="top", fontsize=FONT - 3, color=ROLE_COLOURS[name],
+                        gid=f"{name}-unturned-{n}")  # fmt: skip
+        title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°".replace("-", "−")
+        ax.set_title(title, fontsize=FONT)
         ax.set_xlim(-reach, reach)
         ax.set_ylim(-reach, reach)
         ax.set_aspect("equal")
@@ -131,8 +152,282 @@ def rotation(
         ax.axvline(0, color="#cccccc", linewidth=0.8, zorder=0)
         ax.set_xlabel(f"dimension {a} of the head", fontsize=FONT - 1)
         ax.set_ylabel(f"dimension {b} of the head", fontsize=FONT - 1)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    handles = [
+        Line2D([], [], color=ROLE_COLOURS["q"], linewidth=2.5, label="q turned by t·θ"),
+        Line2D([], [], color=ROLE_COLOURS["k"], linewidth=2.5, label="k turned by s·θ"),
+        Line2D([], [], color=ROLE_COLOURS["q"], alpha=0.35, linestyle="--", label="q before"),
+        Line2D([], [], color=ROLE_COLOURS["k"], alpha=0.35, linestyle="--", label="k before"),
+    ]
+    caption = f"Pair {pair} (θ = {theta:.3g} rad per position); angles counter-clockwise from q to k"
+    figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=FONT - 1, frameon=False,
+                  title=caption, title_fontsize=FONT - 1)  # fmt: skip
+    return figure
+
+
+def _diagonal_spread(scores: torch.Tensor) -> float:
+    """The largest range (max - min) of the scores along any diagonal t - s = constant."""
+    rows, cols = scores.shape
+    diagonals = (scores.diagonal(offset) for offset in range(-rows + 1, cols))
+    spreads = [float(d.max() - d.min()) for d in diagonals if d.numel() > 1]
+    return max(spreads, default=0.0)
+
+
+def position_scores(
+    panels: Mapping[str, torch.Tensor], *, title: str | None = None, label: str = "score q·k"
+) -> Figure:
+    """Scores by position: one heat map per way of encoding position, row t a query position.
+
+    Each panel is the score of one query content placed at position t (row) against
+    one key content placed at position s (column). A score that depends on the
+    positions only through t - s is constant along every diagonal: the map is drawn
+    in stripes parallel to the diagonal. Each panel's title gives the largest range
+    of its scores along any one diagonal, read from the scores (0.00 for stripes).
+    The colour scale is shared and centred at 0.
+
+    Parameters
+    ----------
+    panels : mapping of str to Tensor, shape (T, S)
+        A title for each panel and its scores, e.g. ``{"RoPE": ..., "added": ...}``.
+    title : str, optional
+        The figure's title: say what to look at.
+    label : str
+        The colour bar's label: say what was computed (``q·k``, or ``q·k/√d_k``).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Panel n's image has ``gid`` ``"scores-{n}"``; its array is the scores drawn.
+
+    See Also
+    --------
+    rotation : a query and a key turned, in the plane of one pair.
+    :doc:`rotary` : where position enters attention.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> rope = qkv.RotaryEmbedding(8, angle_dtype=torch.float64)
+    >>> q = torch.randn(1, 8, dtype=torch.float64)
+    >>> k = torch.randn(1, 8, dtype=torch.float64)
+    >>> t = torch.arange(10)
+    >>> scores = rope(q.expand(10, 8), t) @ rope(k.expand(10, 8), t).T  # (T, S)
+    >>> figure = qkv.diagrams.position_scores({"RoPE": scores})
+    >>> figure.axes[0].get_title().splitlines()[-1]
+    'range along a diagonal: 0.00'
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    if not isinstance(panels, Mapping) or not panels:
+        raise ValueError("panels must map at least one title to a (T, S) tensor of scores")
+    grids = {}
+    for name, scores in panels.items():
+        grid = require_tensor(f"panels[{name!r}]", scores, ndim=2, layout="(T, S)")
+        grids[str(name)] = grid.detach().double().cpu()
+    vmax = max(float(g.abs().max()) for g in grids.values()) or 1.0
+    figure = Figure(figsize=(3.2 * len(grids) + 0.9, 3.5), dpi=100, layout="constrained")
+    axes = figure.subplots(1, len(grids), squeeze=False)[0]
+    images = []
+    for n, ((name, grid), ax) in enumerate(zip(grids.items(), axes, strict=True)):
+        images.append(ax.imshow(grid.numpy(), cmap="RdBu_r", vmin=-vmax, vmax=vmax, gid=f"scores-{n}"))
+        ax.set_title(f"{name}\nrange along a diagonal: {_diagonal_spread(grid):.2f}", fontsize=FONT)
+        ax.set_xlabel("key position s", fontsize=FONT - 1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=FONT - 3)
-    figure.suptitle(
-        f"Pair {pair} turns by {theta:.3g} rad per position; dashed: before rotation", fontsize=FONT
-    )
+    axes[0].set_ylabel("query position t", fontsize=FONT - 1)
+    figure.colorbar(images[0], ax=list(axes), label=label, shrink=0.9)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def pairings(d_k: int = 8) -> Figure:
+    """Which dimensions of a head turn together, in each pairing, and the renumbering between them.
+
+    Two rows of ``d_k`` cells, one per dimension, numbered: interleaved (Meta's
+    reference: 2j with 2j + 1) above, half-split (Hugging Face's Llama: j with
+    j + d_k/2) below. Cells of one colour form pair j, turned together by t·θ_j;
+    the partners are read from each pairing's rotation matrix. Grey arrows, pointing
+    down (Meta's order to Hugging Face's), join each dimension to where
+    :func:`qkv.interleaved_to_half` moves its row of W^Q and W^K.
+
+    Parameters
+    ----------
+    d_k : int
+        The head size, even.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Cell m of each row is a rectangle with ``gid`` ``"{pairing}-{m}"``, coloured by
+        its pair; the lines have ``gid`` ``"move-{m}"`` (m: the interleaved row).
+
+    See Also
+    --------
+    qkv.interleaved_to_half
+    :doc:`rotary/pairings` : the two pairings, and converting weights between them.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> figure = qkv.diagrams.pairings(8)
+    >>> len([p for p in figure.axes[0].patches if p.get_gid().startswith("half-")])
+    8
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    d_k = require_positive_int("d_k", d_k)
+    if d_k % 2:
+        raise ValueError(f"d_k must be even to pair its dimensions, got {d_k}")
+    rows = {
+        "interleaved": (1.0, "interleaved: 2j with 2j + 1\n(Meta's reference code)"),
+        "half": (0.0, "half-split: j with j + $d_k/2$\n(Hugging Face's Llama)"),
+    }
+    figure = Figure(figsize=(2.6 + 0.6 * d_k, 1.9), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    for pairing, (y, label) in rows.items():
+        turning = RotaryEmbedding(d_k, pairing=pairing, angle_dtype=torch.float64).matrix(1)  # (d_k, d_k)
+        for m in range(d_k):  # dimension m turns with the other nonzero entry of row m
+            partner = next(n for n in range(d_k) if n != m and turning[m, n] != 0)
+            j = min(m, partner) // (2 if pairing == "interleaved" else 1)  # its pair
+            colour = HEAD_COLOURS[j % len(HEAD_COLOURS)]
+            ax.add_patch(Rectangle((m, y), 0.9, 0.5, color=colour, alpha=0.85, gid=f"{pairing}-{m}"))
+            ink = ink_on(colour)
+            ax.text(m + 0.45, y + 0.25, str(m), ha="center", va="center", color=ink, fontsize=FONT - 1)
+        ax.text(-0.25, y + 0.25, label, ha="right", va="center", fontsize=FONT - 1, color=TEXT_COLOUR)
+    moved = interleaved_to_half(torch.arange(float(d_k))[:, None], 1)[:, 0].long()  # row m_half holds m_inter
+    for m_half, m_inter in enumerate(moved.tolist()):
+        xs = [m_inter + 0.45, m_half + 0.45]
+        ax.plot(xs, [1.0, 0.5], color="#999999", linewidth=0.8, gid=f"move-{m_inter}")
+        head_from = (xs[1] - 0.12 * (xs[1] - xs[0]), 0.56)  # the last stretch of the line, to its end
+        ax.annotate("", xy=(xs[1], 0.5), xytext=head_from, arrowprops={
+            "arrowstyle": "-|>", "color": "#999999", "linewidth": 0.8, "shrinkA": 0, "shrinkB": 0,
+            "mutation_scale": 9})  # fmt: skip
+    moves = "converting Meta's checkpoint\nfor Hugging Face moves the\nrows of $W^Q$ and $W^K$ ↓"
+    ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
+    ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
+    ax.set_ylim(-0.05, 1.55)
+    ax.set_title(r"Dimensions of one colour turn together (pair $j$, by $t\theta_j$)", fontsize=FONT)
+    ax.axis("off")
+    return figure
+
+
+def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
+    """Where position enters a rotary layer: R_t after W^Q and R_s after W^K meet in the score; V unturned.
+
+    Three rows, one per role, for one head: the input X, the weight, the rotation,
+    the product, then the attention. The query row turns ``q`` by ``R_t`` (the
+    angles ``t · θ_j`` of its position t), the key row ``k`` by ``R_s``; the two meet
+    in the score ``q_tᵀ k_s / √d_k``, whose softmax weights ``a_ts`` average the value
+    row, which has no rotation box (a dashed gap instead). Then ``W^O``. Shapes are
+    read from the objects passed.
+
+    Parameters
+    ----------
+    x : Tensor, shape (T, d_model) or a batch (B, T, d_model)
+        The layer's input (of a batch, the first sequence's shape is drawn).
+    layer : HeadWeights or a multi-head module
+        Where W^Q, W^K and W^V come from (``to_heads()`` is called on a module).
+    rotary : RotaryEmbedding
+        The rotation, for the layer's head size d_k.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Each box has a ``gid``: ``"X"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``, ``"R_t"``,
+        ``"R_s"``, ``"no-rotation"``, ``"q"``, ``"k"``, ``"v"``, ``"score"``,
+        ``"sum"`` and ``"output"``.
+
+    See Also
+    --------
+    position_scores : the scores by position, constant along each diagonal.
+    :doc:`rotary` : where position enters attention.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> mha = qkv.MultiHeadAttention(16, 2)
+    >>> rope = qkv.RotaryEmbedding(8)
+    >>> figure = qkv.diagrams.position_flow(torch.randn(6, 16), mha, rope)
+    >>> gids = [p.get_gid() for p in figure.axes[0].patches]
+    >>> sorted(gid for gid in gids if gid.startswith("R_"))
+    ['R_s', 'R_t']
+    """
+    require_matplotlib()
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyBboxPatch
+
+    if not isinstance(rotary, RotaryEmbedding):
+        raise TypeError(f"rotary must be a qkv.RotaryEmbedding, got {type(rotary).__name__}")
+    weights, x2, _, _ = layer_inputs(layer, x, None, None)
+    if weights.d_k != rotary.d_k:
+        raise ValueError(f"the layer's heads have d_k={weights.d_k}, but rotary is for d_k={rotary.d_k}")
+    T, d_model, h, d_k, d_v = x2.shape[0], x2.shape[1], weights.num_heads, weights.d_k, weights.d_v
+    h_kv = weights.num_kv_heads
+
+    box_w, box_h, gap, row = 0.98, 0.62, 0.2, 0.8  # inches
+    width, height = 7.0, 0.35 + 3 * row + 0.1
+    figure = Figure(figsize=(width, height), dpi=100)
+    ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)  # y grows downwards: the query row on top
+    ax.axis("off")
+    left = (width - 6 * box_w - 5 * gap) / 2
+    column = [left + i * (box_w + gap) for i in range(6)]
+    top = [0.35 + i * row + (row - box_h) / 2 for i in range(3)]
+    middle = [t + box_h / 2 for t in top]
+
+    def box(
+        c: int, y0: float, y1: float, colour: str, lines: list[str], gid: str, dashed: bool = False
+    ) -> None:
+        ax.add_patch(FancyBboxPatch(
+            (column[c], y0), box_w, y1 - y0, boxstyle="round,pad=0,rounding_size=0.05",
+            facecolor="none" if dashed else to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.3,
+            linestyle="--" if dashed else "-", gid=gid,
+        ))  # fmt: skip
+        offsets = {1: [0.0], 2: [-0.1, 0.13], 3: [-0.2, 0.06, 0.26]}[len(lines)]
+        for n, (text, offset) in enumerate(zip(lines, offsets, strict=True)):
+            ax.text(column[c] + box_w / 2, (y0 + y1) / 2 + offset, text, ha="center", va="center",
+                    fontsize=FONT if n == 0 else FONT * 0.72, color=TEXT_COLOUR)  # fmt: skip
+
+    def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
+        style = {"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 0, "shrinkB": 0}
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=style)
+
+    headers = ["input", "weights", "position", "one head", "attention", "output"]
+    for c, header in enumerate(headers):
+        ax.text(column[c] + box_w / 2, 0.17, header, ha="center", va="center", fontsize=FONT * 0.8,
+                weight="bold", color=TEXT_COLOUR)  # fmt: skip
+    box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
+    rows = [  # role, weight, its output width, rotation box, product
+        ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]), ["$q_t$", f"({T}, {d_k})"]),
+        ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]), ["$k_s$", f"({T}, {d_k})"]),
+        ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"({T}, {d_v})"]),
+    ]
+    for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
+        colour = ROLE_COLOURS[role]
+        arrow(column[0] + box_w, middle[1], column[1], middle[i])
+        box(1, top[i], top[i] + box_h, colour, [f"${w_name}$", f"({d_model}, {out})"], w_name)
+        arrow(column[1] + box_w, middle[i], column[2], middle[i])
+        unturned = role == "v"
+        box(2, top[i], top[i] + box_h, "#999999" if unturned else colour, r_lines, r_gid, dashed=unturned)
+        arrow(column[2] + box_w, middle[i], column[3], middle[i])
+        box(3, top[i], top[i] + box_h, colour, product, role)
+    weights_colour = ROLE_COLOURS["weights"]
+    score = [r"$a_{ts}$", "softmax over s of", r"$q_t^\top k_s\,/\sqrt{d_k}$"]
+    box(4, top[0], top[1] + box_h, weights_colour, score, "score")
+    for i in (0, 1):
+        arrow(column[3] + box_w, middle[i], column[4], middle[i])
+    box(4, top[2], top[2] + box_h, weights_colour, [r"$o_t$", r"$\Sigma_s\, a_{ts} v_s$"], "sum")
+    arrow(column[3] + box_w, middle[2], column[4], middle[2])
+    arrow(column[4] + box_w / 2, top[1] + box_h, column[4] + box_w / 2, top[2])
+    arrow(column[4] + box_w, middle[2], column[5], middle[2])
+    box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], ["$W^O$", f"({h}·{d_v}, {d_model})"], "output")
     return figure
