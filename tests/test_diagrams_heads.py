@@ -220,7 +220,7 @@ def test_cut_draws_one_row_and_the_heads_stacked_as_the_products_they_are():
         assert size(figure, f"Q_{i}") == 4 * 5 and everywhere(figure, f"Q_{i}") == {HEADS[i - 1]}
     texts = texts_of(figure)
     assert "$Q_2 = X\\,W_2^Q$" in texts and "$W_3^Q$" in texts and "each (4, 5)" in texts
-    assert {"Method 1: one product", "Method 3, head by head:"} <= set(texts)
+    assert {"Method 1: one product", "each is Method 3's product:"} <= set(texts)
     assert any("Method 2: the cut" in t and ".transpose(1, 2)" in t for t in texts)
     with pytest.raises(TypeError, match="cut"):
         heads_from_one_matrix(x, MHA, cut="yes")  # type: ignore[arg-type]

@@ -209,7 +209,8 @@ def _one_matrix_cut(
         canvas.arrow(x_out + width_out, top + T / 2, x_heads, y)
     methods = top + max(T, d_in) + canvas.inch(_BELOW + 0.05)  # under the shapes: which method is which
     canvas.text((gap / 2 + x_out + width_out) / 2, methods, "Method 1: one product", va="top", size=0.85)
-    canvas.text(x_heads + d + canvas.inch(0.1), top - canvas.inch(0.06), "Method 3, head by head:", ha="left",
+    heads_note = "each is Method 3's product:"
+    canvas.text(x_heads + d + canvas.inch(0.1), top - canvas.inch(0.06), heads_note, ha="left",
                 va="bottom", size=0.85)  # fmt: skip
     for i in range(n):
         y = top + i * (T + canvas.inch(head_gap))
