@@ -133,13 +133,7 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q", cu
     top = canvas.inch(_TITLE + _ABOVE)
     canvas.title(f"One big $W^{letter}$ = {n} small $W_i^{letter}$ side by side, one per {kind}")
     # The fused product, each head's block in its colour.
-    canvas.matrix(gap / 2, top, T, d_in, ROLE_COLOURS["x"], label="X", shape=tuple(x2.shape))
-    canvas.operator(x_w - gap / 2, top + T / 2, "×")
-    canvas.matrix(x_w, top, d_in, width_out, role, column_colours=colours, label=f"W^{letter}",
-                  shape=tuple(fused.shape), frame=role)  # fmt: skip
-    canvas.operator(x_out - gap / 2, top + T / 2, "=")
-    canvas.matrix(x_out, top, T, width_out, role, column_colours=colours, label=letter,
-                  shape=(T, width_out), frame=role)  # fmt: skip
+    _one_product(canvas, x2, fused, colours, letter, role, (gap / 2, x_w, x_out), top)
     if 2.2 * _em(canvas) < d:  # each block's name inside it, where it fits
         for i in range(n):
             ink = ink_on(head_colour(i))
@@ -162,6 +156,28 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q", cu
         canvas.operator((gap / 2 + d_in + w_box["x"]) / 2, y + T / 2, "×")
         canvas.operator((w_box["right"] + out_box["x"]) / 2, y + T / 2, "=")
     return canvas.fit()
+
+
+def _one_product(
+    canvas: Canvas,
+    x2: torch.Tensor,
+    fused: torch.Tensor,
+    colours: list[str],
+    letter: str,
+    role: str,
+    xs: tuple[float, float, float],
+    top: float,
+) -> None:
+    """Draw ``X × W = Q`` in one row, the heads' blocks of W and Q in their colours."""
+    x_x, x_w, x_out = xs
+    T, d_in, width_out = x2.shape[0], x2.shape[1], fused.shape[1]
+    canvas.matrix(x_x, top, T, d_in, ROLE_COLOURS["x"], label="X", shape=tuple(x2.shape))
+    canvas.operator(x_w - (x_w - x_x - d_in) / 2, top + T / 2, "×")
+    canvas.matrix(x_w, top, d_in, width_out, role, column_colours=colours, label=f"W^{letter}",
+                  shape=tuple(fused.shape), frame=role)  # fmt: skip
+    canvas.operator(x_out - (x_out - x_w - width_out) / 2, top + T / 2, "=")
+    canvas.matrix(x_out, top, T, width_out, role, column_colours=colours, label=letter,
+                  shape=(T, width_out), frame=role)  # fmt: skip
 
 
 def _one_matrix_cut(
@@ -189,13 +205,7 @@ def _one_matrix_cut(
     x_heads = x_out + width_out + canvas.inch(arrow)
     canvas.title(f"One big $W^{letter}$ = {n} small $W_i^{letter}$ side by side; "
                  f"cut into {kind}s, ${letter}$ gives each $X\\,W_i^{letter}$")  # fmt: skip
-    canvas.matrix(gap / 2, top, T, d_in, ROLE_COLOURS["x"], label="X", shape=tuple(x2.shape))
-    canvas.operator(x_w - gap / 2, top + T / 2, "×")
-    canvas.matrix(x_w, top, d_in, width_out, role, column_colours=colours, label=f"W^{letter}",
-                  shape=tuple(fused.shape), frame=role)  # fmt: skip
-    canvas.operator(x_out - gap / 2, top + T / 2, "=")
-    canvas.matrix(x_out, top, T, width_out, role, column_colours=colours, label=letter,
-                  shape=(T, width_out), frame=role)  # fmt: skip
+    _one_product(canvas, x2, fused, colours, letter, role, (gap / 2, x_w, x_out), top)
     halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
     for i in range(n):  # each block's name inside it
         w_name = f"$W_{_index(i)}^{letter}$"
