@@ -391,3 +391,29 @@ def test_pairings_points_its_conversion_arrows_down_and_scores_name_their_colour
     scores = randn(3, 3)
     figure = qkv.diagrams.position_scores({"a": scores}, label="score q·k/√d_k")
     assert figure.axes[-1].get_ylabel() == "score q·k/√d_k"
+
+
+def test_position_scores_colours_survive_the_books_palette_png():
+    """The book stores figures as 256-colour palette PNGs (qkv.setup): a continuous map's
+    rarest colours, at the colour bar's ends, were merged into the text's grey; the map's
+    few discrete levels come through unchanged, and its scale stays centred at 0."""
+    import io
+
+    import matplotlib
+    from PIL import Image
+
+    matplotlib.use("Agg")
+    rope = exact()
+    t = torch.arange(16)
+    rotated = rope(randn(1, D).expand(16, D), t) @ rope(randn(1, D, seed=1).expand(16, D), t).T
+    figure = qkv.diagrams.position_scores({"RoPE": rotated, "added": 0.6 * randn(16, 16, seed=2)})
+    image = figure.axes[0].get_images()[0]
+    assert image.cmap.N == qkv.diagrams.rotary.SCORE_LEVELS and image.norm.vmin == -image.norm.vmax
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=200)
+    rgb = Image.open(buffer).convert("RGB")
+    stored = rgb.quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).convert("RGB")
+    box = figure.axes[-1].get_window_extent()  # the colour bar, in pixels at the figure's dpi
+    x, height = round(box.x0 + box.x1), rgb.size[1]  # the bar's middle column at dpi 200
+    for y in range(round(height - 2 * box.y1) + 3, round(height - 2 * box.y0) - 3):
+        assert stored.getpixel((x, y)) == rgb.getpixel((x, y)), f"row {y} of the colour bar changed"

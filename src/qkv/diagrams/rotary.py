@@ -166,6 +166,9 @@ def rotation(
     return figure
 
 
+SCORE_LEVELS = 21  # colours in position_scores' map: an odd number puts 0 in the middle of one
+
+
 def _diagonal_spread(scores: torch.Tensor) -> float:
     """The largest range (max - min) of the scores along any diagonal t - s = constant."""
     rows, cols = scores.shape
@@ -184,7 +187,7 @@ def position_scores(
     positions only through t - s is constant along every diagonal: the map is drawn
     in stripes parallel to the diagonal. Each panel's title gives the largest range
     of its scores along any one diagonal, read from the scores (0.00 for stripes).
-    The colour scale is shared and centred at 0.
+    The colour scale is shared, centred at 0, in 21 discrete levels (``SCORE_LEVELS``).
 
     Parameters
     ----------
@@ -218,6 +221,7 @@ def position_scores(
     'range along a diagonal: 0.00'
     """
     require_matplotlib()
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -228,11 +232,14 @@ def position_scores(
         grid = require_tensor(f"panels[{name!r}]", scores, ndim=2, layout="(T, S)")
         grids[str(name)] = grid.detach().double().cpu()
     vmax = max(float(g.abs().max()) for g in grids.values()) or 1.0
+    # A few discrete levels: the book stores figures as 256-colour palette PNGs, and a
+    # continuous map's rarest colours (the colour bar's ends) would be merged into others.
+    cmap = colormaps["RdBu_r"].resampled(SCORE_LEVELS)
     figure = Figure(figsize=(3.2 * len(grids) + 0.9, 3.5), dpi=100, layout="constrained")
     axes = figure.subplots(1, len(grids), squeeze=False)[0]
     images = []
     for n, ((name, grid), ax) in enumerate(zip(grids.items(), axes, strict=True)):
-        images.append(ax.imshow(grid.numpy(), cmap="RdBu_r", vmin=-vmax, vmax=vmax, gid=f"scores-{n}"))
+        images.append(ax.imshow(grid.numpy(), cmap=cmap, vmin=-vmax, vmax=vmax, gid=f"scores-{n}"))
         ax.set_title(f"{name}\nrange along a diagonal: {_diagonal_spread(grid):.2f}", fontsize=FONT)
         ax.set_xlabel("key position s", fontsize=FONT - 1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
