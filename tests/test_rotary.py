@@ -355,8 +355,8 @@ def test_position_scores_draws_the_scores_and_their_range_along_each_diagonal():
         torch.testing.assert_close(torch.as_tensor(image.get_array().data), grid)
         assert ax.get_xlabel() == "key position s" and ax.get_title()
     spread = max(float(d.max() - d.min()) for o in range(-6, 5) if (d := added.diagonal(o)).numel() > 1)
-    assert figure.axes[0].get_title().endswith("range along a diagonal: 0.00")
-    assert figure.axes[1].get_title().endswith(f"range along a diagonal: {spread:.2f}")
+    assert figure.axes[0].get_title().endswith("largest range along a diagonal: 0.00")
+    assert figure.axes[1].get_title().endswith(f"largest range along a diagonal: {spread:.2f}")
     with pytest.raises(ValueError, match="panels must map at least one title"):
         qkv.diagrams.position_scores({})
 

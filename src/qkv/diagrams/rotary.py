@@ -218,7 +218,7 @@ def position_scores(
     >>> scores = rope(q.expand(10, 8), t) @ rope(k.expand(10, 8), t).T  # (T, S)
     >>> figure = qkv.diagrams.position_scores({"RoPE": scores})
     >>> figure.axes[0].get_title().splitlines()[-1]
-    'range along a diagonal: 0.00'
+    'largest range along a diagonal: 0.00'
     """
     require_matplotlib()
     from matplotlib import colormaps
@@ -240,7 +240,7 @@ def position_scores(
     images = []
     for n, ((name, grid), ax) in enumerate(zip(grids.items(), axes, strict=True)):
         images.append(ax.imshow(grid.numpy(), cmap=cmap, vmin=-vmax, vmax=vmax, gid=f"scores-{n}"))
-        ax.set_title(f"{name}\nrange along a diagonal: {_diagonal_spread(grid):.2f}", fontsize=FONT)
+        ax.set_title(f"{name}\nlargest range along a diagonal: {_diagonal_spread(grid):.2f}", fontsize=FONT)
         ax.set_xlabel("key position s", fontsize=FONT - 1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
