@@ -414,10 +414,12 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
-        ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]), ["$q_t$", f"({T}, {d_k})"]),
-        ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]), ["$k_s$", f"({T}, {d_k})"]),
-        ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"({T}, {d_v})"]),
-    ]
+        ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
+         ["$q_t$", f"row t of ({T}, {d_k})"]),
+        ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
+         ["$k_s$", f"row s of ({T}, {d_k})"]),
+        ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
+    ]  # fmt: skip
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
         colour = ROLE_COLOURS[role]
         arrow(column[0] + box_w, middle[1], column[1], middle[i])
