@@ -316,7 +316,7 @@ def pairings(d_k: int = 8) -> Figure:
         ax.annotate("", xy=(xs[1], 0.5), xytext=head_from, arrowprops={
             "arrowstyle": "-|>", "color": "#999999", "linewidth": 0.8, "shrinkA": 0, "shrinkB": 0,
             "mutation_scale": 9})  # fmt: skip
-    moves = "converting Meta's checkpoint\nfor Hugging Face moves the rows\nof q_proj.weight, k_proj.weight ↓"
+    moves = "converting Meta's checkpoint\nfor Hugging Face moves the rows\nof wq.weight and wk.weight ↓"
     ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
     ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
     ax.set_ylim(-0.05, 1.55)
