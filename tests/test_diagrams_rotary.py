@@ -68,7 +68,7 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     assert boxes["R_s"].get_edgecolor()[:3] == matplotlib.colors.to_rgb(ROLE_COLOURS["k"])
     assert boxes["no-rotation"].get_linestyle() == "--"
     texts = qkv.diagrams.texts_of(figure)
-    assert {"(5, 12)", "(12, 3·4)", "(5, 4)", "no turn"} <= set(texts)
+    assert {"(5, 12)", "(12, 3·4)", "row t of (5, 4)", "no turn"} <= set(texts)
     with pytest.raises(ValueError, match="the layer's heads have d_k=4, but rotary is for d_k=8"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(8))
     with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):

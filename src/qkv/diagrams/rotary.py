@@ -316,7 +316,7 @@ def pairings(d_k: int = 8) -> Figure:
         ax.annotate("", xy=(xs[1], 0.5), xytext=head_from, arrowprops={
             "arrowstyle": "-|>", "color": "#999999", "linewidth": 0.8, "shrinkA": 0, "shrinkB": 0,
             "mutation_scale": 9})  # fmt: skip
-    moves = "converting Meta's checkpoint\nfor Hugging Face moves the rows\nof q_proj.weight, k_proj.weight ↓"
+    moves = "converting Meta's checkpoint\nfor Hugging Face moves the rows\nof wq.weight and wk.weight ↓"
     ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
     ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
     ax.set_ylim(-0.05, 1.55)
@@ -414,10 +414,12 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
-        ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]), ["$q_t$", f"({T}, {d_k})"]),
-        ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]), ["$k_s$", f"({T}, {d_k})"]),
-        ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"({T}, {d_v})"]),
-    ]
+        ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
+         ["$q_t$", f"row t of ({T}, {d_k})"]),
+        ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
+         ["$k_s$", f"row s of ({T}, {d_k})"]),
+        ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
+    ]  # fmt: skip
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
         colour = ROLE_COLOURS[role]
         arrow(column[0] + box_w, middle[1], column[1], middle[i])
