@@ -442,6 +442,11 @@ def find_accessibility_violations(page: Any, rules: str = "all") -> list[str]:
         options["runOnly"] = {"type": "rule", "values": ["color-contrast"]}
     elif rules != "all":
         raise ValueError(f"rules must be 'all', 'structure' or 'contrast', got {rules!r}")
+    # Measure the page at rest, as a reader sees it: the theme animates colours when the
+    # mode changes, and web fonts can still be swapping in; axe would catch them halfway.
+    page.add_style_tag(content="*, *::before, *::after { transition: none !important; "
+                       "animation: none !important; }")  # fmt: skip
+    page.evaluate("document.fonts.ready.then(() => true)")
     results = Axe().run(page, options=options)
     problems = []
     for violation in results.response["violations"]:
