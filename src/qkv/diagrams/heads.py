@@ -207,9 +207,10 @@ def _one_matrix_cut(
                  f"cut into {kind}s, ${letter}$ gives each $X\\,W_i^{letter}$")  # fmt: skip
     _one_product(canvas, x2, fused, colours, letter, role, (gap / 2, x_w, x_out), top)
     halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
+    name_size = min(0.85, d / (2.6 * _em(canvas)))  # a name is about 2.2 em wide: fit its block
     for i in range(n):  # each block's name inside it
         w_name = f"$W_{_index(i)}^{letter}$"
-        canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, size=0.85, path_effects=halo,
+        canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, size=name_size, path_effects=halo,
                     gid=f"{w_name}:inside")  # fmt: skip
     cut_code = "Method 2: the cut\n.view(B, T, h, d_k)\n.transpose(1, 2)"
     above_arrow = top + T / 2 - canvas.inch(0.04)
