@@ -214,7 +214,8 @@ def _one_matrix_cut(
                     gid=f"{w_name}:inside")  # fmt: skip
     cut_code = "Method 2: the cut\n.view(B, T, h, d_k)\n.transpose(1, 2)"
     above_arrow = top + T / 2 - canvas.inch(0.04)
-    canvas.text((x_out + width_out + x_heads) / 2, above_arrow, cut_code, va="bottom", size=0.85)
+    canvas.text((x_out + width_out + x_heads) / 2, above_arrow, cut_code, va="bottom", size=0.85,
+                linespacing=1.35)  # fmt: skip  # the underscore of d_k clear of the line below
     for i in range(n):  # Q's cut: one arrow to each head's block
         y = top + i * (T + canvas.inch(head_gap)) + T / 2
         canvas.arrow(x_out + width_out, top + T / 2, x_heads, y)
