@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "_build" / "html"
@@ -307,11 +308,30 @@ MODAL_SHOWS_LINKS_JS = """
 """
 
 
+SIDEBAR_SHOWN_JS = """
+() => {
+    const box = document.getElementById("pst-primary-sidebar")?.getBoundingClientRect();
+    return Boolean(box) && box.width > 0 && box.x >= 0;
+}
+"""
+# How long a panel may take to open or close (the theme animates it in about 0.3 s).
+SETTLE_MS = 2_000
+
+
 def _click_visible(page: Any, selector: str) -> bool:
     if page.evaluate(VISIBLE_BUTTON_JS, selector) == 0:
         return False
     page.locator(f"{selector}[data-check-visible='0']").click(timeout=5_000)
-    page.wait_for_timeout(300)
+    return True
+
+
+def _becomes(page: Any, script: str, arg: object = None, *, want: bool = True) -> bool:
+    """Whether ``script(arg)`` turns truthy (or falsy, ``want=False``) within SETTLE_MS."""
+    check = script if want else f"(arg) => !(({script})(arg))"
+    try:
+        page.wait_for_function(check, arg=arg, timeout=SETTLE_MS, polling=50)
+    except PlaywrightTimeoutError:
+        return False
     return True
 
 
@@ -327,7 +347,7 @@ def find_dead_sidebar_buttons(page: Any) -> list[str]:
     # (the same page is checked again at another width).
     page.mouse.move(0, 0)
     page.evaluate("() => document.activeElement && document.activeElement.blur()")
-    page.wait_for_timeout(300)
+    page.wait_for_timeout(100)
     return problems
 
 
@@ -343,24 +363,19 @@ def _sidebar_problems(page: Any) -> list[str]:
                 if selector == ".primary-toggle":
                     problems.append(f"no visible {name} button ({selector}) at {width} px")
                 continue
-            links = page.evaluate(MODAL_SHOWS_LINKS_JS, dialog)
-            if links == 0:
+            if not _becomes(page, MODAL_SHOWS_LINKS_JS, dialog):
                 problems.append(f"the {name} button ({selector}) opens no panel with links at {width} px")
             page.keyboard.press("Escape")
-            page.wait_for_timeout(200)
+            _becomes(page, MODAL_SHOWS_LINKS_JS, dialog, want=False)  # closed again
     else:
-        sidebar = page.locator("#pst-primary-sidebar")
-        shown_before = sidebar.bounding_box()
+        shown_before = page.evaluate(SIDEBAR_SHOWN_JS)
         if not _click_visible(page, ".primary-toggle"):
             return [f"no visible navigation button at {width} px"]
-        hidden = sidebar.bounding_box()
-        if shown_before is None or (hidden is not None and hidden["width"] > 0 and hidden["x"] >= 0):
+        if not shown_before or not _becomes(page, SIDEBAR_SHOWN_JS, want=False):
             problems.append(f"the navigation button does not hide the sidebar at {width} px")
         else:
             page.locator(".primary-toggle[data-check-visible='0']").click(timeout=5_000)
-            page.wait_for_timeout(300)
-            shown_again = sidebar.bounding_box()
-            if shown_again is None or shown_again["width"] == 0 or shown_again["x"] < 0:
+            if not _becomes(page, SIDEBAR_SHOWN_JS):
                 problems.append(f"the navigation button does not show the sidebar again at {width} px")
     return problems
 
