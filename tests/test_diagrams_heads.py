@@ -137,6 +137,13 @@ def test_multi_head_concatenates_the_heads_and_multiplies_by_w_o():
     assert "$\\mathrm{head}_3$" in texts and "$W^O$" in texts
 
 
+def test_multi_head_can_colour_w_o_rows_by_head():
+    figure = multi_head(MHA, torch.randn(4, 12), head_rows=True)
+    rows = grid(figure, "W^O")  # (h·d_v, d_model): head i's rows in its colour
+    for i in (1, 2, 3):
+        assert {colour for row in rows[2 * (i - 1) : 2 * i] for colour in row} == {HEADS[i - 1]}
+
+
 def test_bad_input_is_named():
     x = torch.randn(4, 12)
     with pytest.raises(ValueError, match=r"x must have 2 dimensions \(T, d_model\) .* got shape \(12,\)"):

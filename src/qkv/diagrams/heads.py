@@ -382,7 +382,7 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
 MAX_RESHAPE_ENTRIES = 1024
 
 
-def multi_head(layer: object, x: object) -> Figure:
+def multi_head(layer: object, x: object, *, head_rows: bool = False) -> Figure:
     """Concat(head_1, ..., head_h) W^O: the heads' outputs side by side, then mixed by W^O.
 
     The top row is the h heads' outputs, head_i = Attention(Q_i, K_i, V_i) of
@@ -398,6 +398,10 @@ def multi_head(layer: object, x: object) -> Figure:
         Where h, d_v and W^O come from (``to_heads()`` is called on a module).
     x : Tensor, shape (T, d_model) or (B, T, d_model)
         The query input, which gives T; of a batch, the first sequence.
+    head_rows : bool
+        Colour W^O's row blocks by head: head i's output meets only rows
+        (i-1)·d_v to i·d_v of W^O, so the output is the sum over heads of
+        head_i W_i^O. By default W^O is drawn in one colour.
 
     Returns
     -------
@@ -462,7 +466,7 @@ def multi_head(layer: object, x: object) -> Figure:
                   label="\\mathrm{Concat}", shape=(T, concat_width), gid="concat")  # fmt: skip
     canvas.operator(x_w - gap / 2, concat_top + T / 2, "×")
     canvas.matrix(x_w, concat_top, concat_width, d_model, ROLE_COLOURS["o"], label="W^O",
-                  shape=tuple(w_o.shape))  # fmt: skip
+                  shape=tuple(w_o.shape), row_colours=colours if head_rows else None)  # fmt: skip
     canvas.operator(x_out - gap / 2, concat_top + T / 2, "=")
     canvas.matrix(x_out, concat_top, T, d_model, ROLE_COLOURS["o"], label="\\mathrm{output}",
                   shape=(T, d_model), gid="output")  # fmt: skip
