@@ -442,8 +442,12 @@ AXE_OPTIONS = {
 }
 
 
-def find_accessibility_violations(page: Any, rules: str = "all") -> list[str]:
+def find_accessibility_violations(page: Any, rules: str = "all", *, code: bool = True) -> list[str]:
     """axe-core's critical and serious violations (axe-core ships inside axe-playwright-python).
+
+    ``code=False`` leaves the highlighted code blocks out: their colours and markup come
+    from one stylesheet, the same on every page, so the site tests check them on one
+    page (``CODE_SAMPLE_PAGE``) and spare axe the thousands of token spans elsewhere.
 
     ``rules``: ``"all"``; ``"structure"``, all but colour contrast (two thirds of axe's
     time on a long page); or ``"contrast"``, colour contrast alone. The site tests run
@@ -462,7 +466,8 @@ def find_accessibility_violations(page: Any, rules: str = "all") -> list[str]:
     page.add_style_tag(content="*, *::before, *::after { transition: none !important; "
                        "animation: none !important; }")  # fmt: skip
     page.evaluate("document.fonts.ready.then(() => true)")
-    results = Axe().run(page, options=options)
+    context = None if code else {"exclude": [[".highlight"]]}
+    results = Axe().run(page, context=context, options=options)
     problems = []
     for violation in results.response["violations"]:
         if violation["impact"] in {"critical", "serious"}:

@@ -57,6 +57,8 @@ pytestmark = pytest.mark.browser
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 # Pages Sphinx generates that are not content: the index and search pages.
 NOT_PAGES = {"genindex.html", "search.html", "index.html"}
+# The page whose highlighted code axe checks (the same stylesheet colours every page's code).
+CODE_SAMPLE_PAGE = "book/heads.html"
 
 
 def built_pages() -> list[str]:
@@ -112,6 +114,7 @@ def _fail_on(failures: dict[str, list[str]]) -> None:
 
 def test_site_has_pages() -> None:
     assert "book/intro.html" in built_pages(), f"the front page is missing from {SITE}: {built_pages()}"
+    assert CODE_SAMPLE_PAGE in built_pages(), f"{CODE_SAMPLE_PAGE}, where axe checks code, is not built"
 
 
 @pytest.mark.parametrize("relative", PAGES)
@@ -124,6 +127,7 @@ def test_page_reads_well(open_page, relative: str) -> None:
     CSS, and the book's own script re-measures on resize.
     """
     page, problems = open_page(relative, width=PHONE)
+    code = relative == CODE_SAMPLE_PAGE  # axe checks highlighted code on one page only
     maths = wait_for_maths(page)
     no_mathjax = [f"{maths['count']} maths elements but no MathJax"] if not maths["hasMathJax"] else []
     failures = {
@@ -148,7 +152,7 @@ def test_page_reads_well(open_page, relative: str) -> None:
             failures["code, output or maths wider than the column at 1280 px"] = find_wider_than_column(page)
         # The colours' contrast once in light mode (here, at phone width) and once in dark.
         failures[f"critical or serious accessibility violations (light mode, {width} px)"] = (
-            find_accessibility_violations(page, rules="all" if width == PHONE else "structure")
+            find_accessibility_violations(page, rules="all" if width == PHONE else "structure", code=code)
         )
         _screenshot(page, relative, width, "light", full_page=True)
         failures[f"sidebar buttons ({width} px)"] = find_dead_sidebar_buttons(page)
@@ -158,7 +162,7 @@ def test_page_reads_well(open_page, relative: str) -> None:
     mode = dark.evaluate("document.documentElement.dataset.mode")
     assert mode == "dark", f"the page did not switch to dark mode (data-mode={mode!r})"
     # The structure is the light mode's (checked above); the colours are checked once.
-    failures["colour contrast (dark mode)"] = find_accessibility_violations(dark, rules="contrast")
+    failures["colour contrast (dark mode)"] = find_accessibility_violations(dark, rules="contrast", code=code)
     _screenshot(dark, relative, DESKTOP, "dark", full_page=False)
     dark.set_viewport_size({"width": PHONE, "height": 900})
     dark.wait_for_timeout(200)
