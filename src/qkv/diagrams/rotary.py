@@ -1,6 +1,6 @@
 """Rotary position embeddings pictured: where position enters a layer, which dimensions turn
-together, a query and a key turned by their positions, and the scores that depend only on
-how far apart they are.
+together, a query and a key turned by their positions, the scores that depend only on
+how far apart they are, and what a shift of the whole sequence does to the outputs.
 
 See also
 --------
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from qkv._validation import require_positive_int, require_tensor, shape_str
+from qkv.attention import attention
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
     FONT,
@@ -29,9 +30,10 @@ from qkv.diagrams._draw import (
 from qkv.rotary import RotaryEmbedding, interleaved_to_half
 
 if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["pairings", "position_flow", "position_scores", "rotation"]
+__all__ = ["pairings", "position_flow", "position_scores", "rotation", "value_shift"]
 
 
 def _plane(rotary: RotaryEmbedding, pair: int) -> tuple[int, int]:
@@ -439,4 +441,187 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
     arrow(column[4] + box_w / 2, top[1] + box_h, column[4] + box_w / 2, top[2])
     arrow(column[4] + box_w, middle[2], column[5], middle[2])
     box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], ["$W^O$", f"({h}·{d_v}, {d_model})"], "output")
+    return figure
+
+
+def _place_labels(
+    ax: Axes,
+    labels: Mapping[str, tuple[str, tuple[float, float]]],
+    markers: list[tuple[float, float]],
+    lines: list[tuple[float, float]],
+) -> None:
+    """Write each label beside its point, where it covers no marker, no other label and little line.
+
+    ``labels`` maps a ``gid`` to the text and the point it names. Measured on the drawn
+    figure, in pixels: spots at growing distances in 16 directions around the point
+    are tried, and the first that stays inside the axes, clear of every marker and
+    every label already placed and crossing the fewest points of ``lines``, is kept; a
+    label placed far from its point gets a thin leader line to it.
+    """
+    from matplotlib.transforms import Bbox
+
+    figure = ax.get_figure()
+    assert figure is not None
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    inside = ax.get_window_extent(renderer)
+    hard = [Bbox.from_bounds(x - 6, y - 6, 12, 12) for x, y in ax.transData.transform(markers)]
+    soft = [Bbox.from_bounds(x - 1.5, y - 1.5, 3, 3) for x, y in ax.transData.transform(lines)]
+    points = 72 / figure.dpi  # per pixel
+    for gid, (text, point) in labels.items():
+        label = ax.annotate(text, point, xytext=(0, 0), textcoords="offset points", ha="center", va="center",
+                            fontsize=FONT - 1, color=TEXT_COLOUR, gid=gid)  # fmt: skip
+        label.set_in_layout(False)
+        best: tuple[int, int, tuple[float, float]] | None = None
+        for ring, radius in enumerate((13, 18, 24, 32, 42)):  # px
+            for n in range(16):
+                angle = n * math.pi / 8
+                offset = (radius * 1.5 * math.cos(angle) * points, radius * math.sin(angle) * points)  # wide
+                label.set_position(offset)
+                box = label.get_window_extent(renderer).padded(2)
+                outside = not (inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1))
+                crowding = 1000 * outside + 100 * sum(box.overlaps(other) for other in hard)
+                crowding += sum(box.overlaps(other) for other in soft)
+                if best is None or (crowding, ring) < best[:2]:
+                    best = (crowding, ring, offset)
+        assert best is not None
+        label.set_position(best[2])
+        if best[1] >= 2:  # far from its point: a thin leader line says which point it names
+            leader = {"arrowstyle": "-", "color": "#777777", "linewidth": 0.6, "shrinkA": 8, "shrinkB": 4}
+            ax.annotate("", point, xytext=best[2], textcoords="offset points", arrowprops=leader)
+        hard.append(label.get_window_extent(renderer))
+
+
+def value_shift(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rotary: RotaryEmbedding,
+    shift: int,
+    *,
+    pair: int = 0,
+) -> Figure:
+    """What shifting the whole sequence does to one head's outputs, with raw and with rotated values.
+
+    The sequence (rows t = 0, ..., T-1 of ``query``, ``key`` and ``value``) is placed at
+    positions 0 to T-1 and again at ``shift`` to ``shift`` + T-1; each placement's
+    causal attention outputs o_t are computed here, with ``rotary`` turning the
+    queries and keys by their positions. Left panel: raw values, where the two
+    placements' outputs coincide. Right panel: values turned by their positions too,
+    ``R_s v_s``, where every o_t turns by ``shift · θ_j`` (an arc from each circle to its
+    cross). Both panels show the plane of one pair j of output dimensions, on the same
+    scale, with the origin marked; each o_t is labelled by t at a spot clear of the
+    markers and the other labels.
+
+    Parameters
+    ----------
+    query, key, value : Tensor, shape (T, d_k)
+        One head's queries, keys and values before rotation.
+    rotary : RotaryEmbedding
+        The rotation, for this d_k.
+    shift : int
+        How far the whole sequence moves, c.
+    pair : int
+        Which pair of dimensions j to draw (0, the fastest, by default).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        In panel n (0: raw values, 1: rotated), the markers are lines with ``gid``
+        ``"before-{n}"`` (circles, the sequence at 0) and ``"after-{n}"`` (crosses,
+        shifted); their data are the outputs drawn. Label t has ``gid`` ``"t-{n}-{t}"``.
+
+    See Also
+    --------
+    position_flow : where position enters a rotary layer.
+    :doc:`rotary` : why RoPE leaves the values alone.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> rope = qkv.RotaryEmbedding(8, angle_dtype=torch.float64)
+    >>> q, k, v = torch.randn(3, 5, 8, dtype=torch.float64)
+    >>> figure = qkv.diagrams.value_shift(q, k, v, rope, 100)
+    >>> [line.get_gid() for line in figure.axes[1].lines if line.get_gid()]
+    ['before-1', 'after-1']
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not isinstance(rotary, RotaryEmbedding):
+        raise TypeError(f"rotary must be a qkv.RotaryEmbedding, got {type(rotary).__name__}")
+    d_k = rotary.d_k
+    rows = {}
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        tensor = require_tensor(name, x, ndim=2, layout="(T, d_k)")
+        if tensor.shape[1] != d_k:
+            raise ValueError(f"{name} has shape {shape_str(tensor.shape)}, but rotary is for d_k={d_k}")
+        rows[name] = tensor.detach()
+    T = rows["query"].shape[0]
+    if rows["key"].shape[0] != T or rows["value"].shape[0] != T:
+        raise ValueError(
+            f"query, key and value must have the same number of rows (T), got "
+            f"{T}, {rows['key'].shape[0]} and {rows['value'].shape[0]}"
+        )
+    if not 0 <= pair < rotary.rotary_dim // 2:
+        raise ValueError(f"pair must be between 0 and {rotary.rotary_dim // 2 - 1}, got {pair}")
+    shift = int(shift)
+    a, b = _plane(rotary, pair)
+
+    def outputs(first: int, rotate_values: bool) -> torch.Tensor:  # (T, 2): o_t in the pair's plane
+        positions = torch.arange(first, first + T)
+        values = rotary(rows["value"], positions) if rotate_values else rows["value"]  # (T, d_k)
+        q, k = rotary(rows["query"], positions), rotary(rows["key"], positions)  # (T, d_k) each
+        return attention(q, k, values, is_causal=True)[0][:, [a, b]].double()  # (T, 2)
+
+    placed = {(n, first): outputs(first, bool(n)) for n in (0, 1) for first in (0, shift)}
+    turn = math.degrees(shift * rotary.frequencies()[pair].item())
+    turn = (turn + 180) % 360 - 180  # c·θ_j, in [-180, 180)
+    everything = torch.cat([*placed.values(), torch.zeros(1, 2, dtype=torch.float64)])  # (4T + 1, 2)
+    span = float((everything.max(0).values - everything.min(0).values).max()) or 1.0
+    low = everything.min(0).values - 0.16 * span  # room for the labels on every side
+    high = everything.max(0).values + 0.16 * span
+    before_colour, after_colour = TEXT_COLOUR, ROLE_COLOURS["v"]
+
+    figure = Figure(figsize=(8.4, 4.6), dpi=100, layout="constrained")
+    axes = figure.subplots(1, 2)
+    arcs_of: dict[int, list[tuple[float, float]]] = {}
+    for n, ax in enumerate(axes):
+        before, after = placed[(n, 0)], placed[(n, shift)]  # (T, 2) each
+        arcs: list[tuple[float, float]] = []
+        for t in range(T):
+            x, y = before[t].tolist()
+            start, radius = math.atan2(y, x), math.hypot(x, y)
+            arc = torch.linspace(start, start + math.radians(turn) * n, 30, dtype=torch.float64)
+            arc_x, arc_y = (radius * arc.cos()).tolist(), (radius * arc.sin()).tolist()
+            arcs += list(zip(arc_x, arc_y, strict=True))
+            ax.plot(arc_x, arc_y, color="#999999", linewidth=1)
+            ax.plot([0, x], [0, y], color="#dddddd", linewidth=0.8, zorder=0)  # a spoke from the origin
+        arcs_of[n] = arcs
+        ax.plot(before[:, 0], before[:, 1], "o", color=before_colour, markersize=6, gid=f"before-{n}",
+                label=f"the sequence at positions 0 to {T - 1}")  # fmt: skip
+        ax.plot(after[:, 0], after[:, 1], "x", color=after_colour, markersize=9, mew=2, gid=f"after-{n}",
+                label=f"shifted to {shift} to {shift + T - 1}")  # fmt: skip
+        ax.plot(0, 0, "+", color="#777777", markersize=10, zorder=1.5)  # the origin
+        ax.set(xlim=(low[0], high[0]), ylim=(low[1], high[1]), aspect="equal")
+        ax.set_xlabel(f"output dimension {a}", fontsize=FONT - 1)
+        ax.set_ylabel(f"output dimension {b}", fontsize=FONT - 1)
+        ax.tick_params(labelsize=FONT - 3)
+    turned_by = f"{turn:+.0f}°".replace("-", "−")
+    axes[0].set_title("raw values: every $o_t$ stays put", fontsize=FONT)
+    axes[1].set_title(
+        f"rotated values: in pair {pair}'s plane,\nevery $o_t$ turns by $c\\theta_{pair}$ = {turned_by}",
+        fontsize=FONT,
+    )
+    handles, labels = axes[1].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=FONT - 1, frameon=False)
+    FigureCanvasAgg(figure)  # to measure the labels: placed once the layout is settled
+    figure.draw_without_rendering()
+    figure.set_layout_engine("none")  # keep the axes where the labels were measured
+    for n, ax in enumerate(axes):
+        before, after = placed[(n, 0)], placed[(n, shift)]  # (T, 2) each
+        markers = [*map(tuple, before.tolist()), *map(tuple, after.tolist()), (0.0, 0.0)]
+        spokes = [(x * f / 20, y * f / 20) for x, y in before.tolist() for f in range(1, 20)]
+        labels = {f"t-{n}-{t}": (f"t={t}", tuple(before[t].tolist())) for t in range(T)}
+        _place_labels(ax, labels, markers, arcs_of[n] + spokes)
     return figure
