@@ -69,6 +69,13 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     assert boxes["no-rotation"].get_linestyle() == "--"
     texts = qkv.diagrams.texts_of(figure)
     assert {"(5, 12)", "(12, 3·4)", "row t of (5, 4)", "no turn"} <= set(texts)
+    score = r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"
+    rotated = {r"$\tilde q_t = R_t q_t$", r"$\tilde k_s = R_s k_s$", score}
+    assert rotated <= set(texts)  # the rotated query and key have their own symbols
+    assert "causal: s ≤ t" in texts  # the mask: the second place position enters
+    rope = qkv.RotaryEmbedding(4)
+    unmasked = qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, rope, causal=False)
+    assert "causal: s ≤ t" not in qkv.diagrams.texts_of(unmasked)
     with pytest.raises(ValueError, match="the layer's heads have d_k=4, but rotary is for d_k=8"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(8))
     with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):
@@ -123,3 +130,18 @@ def test_value_shift_bad_input_is_named():
         qkv.diagrams.value_shift(q, k[:5], v, rope, 100)
     with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):
         qkv.diagrams.value_shift(q, k, v, None, 100)
+
+
+def test_value_shift_draws_only_the_outputs_shown():
+    q, k, v, rope = _value_shift_inputs()
+    figure = qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[0, 2, 5])
+    positions = torch.arange(6)
+    o = qkv.attention(rope(q, positions), rope(k, positions), rope(v, positions), is_causal=True)[0]
+    (before,) = [line for line in figure.axes[1].lines if line.get_gid() == "before-1"]
+    torch.testing.assert_close(torch.as_tensor(before.get_xydata()), o[[0, 2, 5]][:, [0, 4]])
+    labels = sorted(t.get_text() for t in figure.axes[1].texts if (t.get_gid() or "").startswith("t-1-"))
+    assert labels == ["t=0", "t=2", "t=5"]
+    assert "(t = 0, 2, 5 drawn)" in figure.legends[0].get_texts()[0].get_text()
+    assert not [line for ax in figure.axes for line in ax.lines if line.get_color() == "#dddddd"]  # no spokes
+    with pytest.raises(ValueError, match="shown must name outputs t between 0 and 5, got \\[6\\]"):
+        qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[6])

@@ -327,15 +327,16 @@ def pairings(d_k: int = 8) -> Figure:
     return figure
 
 
-def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
+def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: bool = True) -> Figure:
     """Where position enters a rotary layer: R_t after W^Q and R_s after W^K meet in the score; V unturned.
 
     Three rows, one per role, for one head: the input X, the weight, the rotation,
-    the product, then the attention. The query row turns ``q`` by ``R_t`` (the
-    angles ``t · θ_j`` of its position t), the key row ``k`` by ``R_s``; the two meet
-    in the score ``q_tᵀ k_s / √d_k``, whose softmax weights ``a_ts`` average the value
-    row, which has no rotation box (a dashed gap instead). Then ``W^O``. Shapes are
-    read from the objects passed.
+    the product, then the attention. The query row turns ``q_t`` by ``R_t`` (the
+    angles ``t · θ_j`` of its position t) into ``q̃_t``, the key row ``k_s`` by ``R_s``
+    into ``k̃_s``; the two meet in the score ``q̃_tᵀ k̃_s / √d_k``, whose softmax
+    weights ``a_ts`` (over the keys s ≤ t under a causal mask, the second place
+    position enters) average the value row, which has no rotation box (a dashed gap
+    instead). Then ``W^O``. Shapes are read from the objects passed.
 
     Parameters
     ----------
@@ -345,6 +346,8 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
         Where W^Q, W^K and W^V come from (``to_heads()`` is called on a module).
     rotary : RotaryEmbedding
         The rotation, for the layer's head size d_k.
+    causal : bool
+        Whether the softmax runs over the keys s ≤ t only (a causal mask, the default).
 
     Returns
     -------
@@ -401,7 +404,7 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
             facecolor="none" if dashed else to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.3,
             linestyle="--" if dashed else "-", gid=gid,
         ))  # fmt: skip
-        offsets = {1: [0.0], 2: [-0.1, 0.13], 3: [-0.2, 0.06, 0.26]}[len(lines)]
+        offsets = {1: [0.0], 2: [-0.1, 0.13], 3: [-0.2, 0.06, 0.26], 4: [-0.3, -0.04, 0.14, 0.36]}[len(lines)]
         for n, (text, offset) in enumerate(zip(lines, offsets, strict=True)):
             ax.text(column[c] + box_w / 2, (y0 + y1) / 2 + offset, text, ha="center", va="center",
                     fontsize=FONT if n == 0 else FONT * 0.72, color=TEXT_COLOUR)  # fmt: skip
@@ -417,9 +420,9 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
         ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
-         ["$q_t$", f"row t of ({T}, {d_k})"]),
+         [r"$\tilde q_t = R_t q_t$", f"row t of ({T}, {d_k})"]),
         ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
-         ["$k_s$", f"row s of ({T}, {d_k})"]),
+         [r"$\tilde k_s = R_s k_s$", f"row s of ({T}, {d_k})"]),
         ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
     ]  # fmt: skip
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
@@ -432,7 +435,8 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
         arrow(column[2] + box_w, middle[i], column[3], middle[i])
         box(3, top[i], top[i] + box_h, colour, product, role)
     weights_colour = ROLE_COLOURS["weights"]
-    score = [r"$a_{ts}$", "softmax over s of", r"$q_t^\top k_s\,/\sqrt{d_k}$"]
+    score = [r"$a_{ts}$", "softmax over s of", r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"]
+    score += ["causal: s ≤ t"] if causal else []  # the second place position enters
     box(4, top[0], top[1] + box_h, weights_colour, score, "score")
     for i in (0, 1):
         arrow(column[3] + box_w, middle[i], column[4], middle[i])
@@ -491,6 +495,11 @@ def _place_labels(
         hard.append(label.get_window_extent(renderer))
 
 
+def _listed(drawn: list[int], T: int) -> str:
+    """Which outputs are drawn, for the legend: '' for all T, else ' (t = 0, 1, 2, 5 drawn)'."""
+    return "" if drawn == list(range(T)) else f" (t = {', '.join(map(str, drawn))} drawn)"
+
+
 def value_shift(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -499,6 +508,7 @@ def value_shift(
     shift: int,
     *,
     pair: int = 0,
+    shown: Sequence[int] | None = None,
 ) -> Figure:
     """What shifting the whole sequence does to one head's outputs, with raw and with rotated values.
 
@@ -507,8 +517,8 @@ def value_shift(
     causal attention outputs o_t are computed here, with ``rotary`` turning the
     queries and keys by their positions. Left panel: raw values, where the two
     placements' outputs coincide. Right panel: values turned by their positions too,
-    ``R_s v_s``, where every o_t turns by ``shift · θ_j`` (an arc from each circle to its
-    cross). Both panels show the plane of one pair j of output dimensions, on the same
+    ``R_s v_s``, where every o_t turns by ``shift · θ_j`` (an arrow along an arc from each
+    circle to its cross). Both panels show the plane of one pair j of output dimensions, on the same
     scale, with the origin marked; each o_t is labelled by t at a spot clear of the
     markers and the other labels.
 
@@ -522,6 +532,8 @@ def value_shift(
         How far the whole sequence moves, c.
     pair : int
         Which pair of dimensions j to draw (0, the fastest, by default).
+    shown : sequence of int, optional
+        Which outputs t to draw (all by default): fewer, where outputs crowd together.
 
     Returns
     -------
@@ -567,6 +579,9 @@ def value_shift(
         raise ValueError(f"pair must be between 0 and {rotary.rotary_dim // 2 - 1}, got {pair}")
     shift = int(shift)
     a, b = _plane(rotary, pair)
+    drawn = list(range(T)) if shown is None else [int(t) for t in shown]
+    if not drawn or any(not 0 <= t < T for t in drawn):
+        raise ValueError(f"shown must name outputs t between 0 and {T - 1}, got {list(shown or [])}")
 
     def outputs(first: int, rotate_values: bool) -> torch.Tensor:  # (T, 2): o_t in the pair's plane
         positions = torch.arange(first, first + T)
@@ -574,7 +589,7 @@ def value_shift(
         q, k = rotary(rows["query"], positions), rotary(rows["key"], positions)  # (T, d_k) each
         return attention(q, k, values, is_causal=True)[0][:, [a, b]].double()  # (T, 2)
 
-    placed = {(n, first): outputs(first, bool(n)) for n in (0, 1) for first in (0, shift)}
+    placed = {(n, first): outputs(first, bool(n))[drawn] for n in (0, 1) for first in (0, shift)}
     turn = math.degrees(shift * rotary.frequencies()[pair].item())
     turn = (turn + 180) % 360 - 180  # c·θ_j, in [-180, 180)
     everything = torch.cat([*placed.values(), torch.zeros(1, 2, dtype=torch.float64)])  # (4T + 1, 2)
@@ -589,19 +604,21 @@ def value_shift(
     for n, ax in enumerate(axes):
         before, after = placed[(n, 0)], placed[(n, shift)]  # (T, 2) each
         arcs: list[tuple[float, float]] = []
-        for t in range(T):
-            x, y = before[t].tolist()
+        for x, y in before.tolist():
             start, radius = math.atan2(y, x), math.hypot(x, y)
             arc = torch.linspace(start, start + math.radians(turn) * n, 30, dtype=torch.float64)
             arc_x, arc_y = (radius * arc.cos()).tolist(), (radius * arc.sin()).tolist()
             arcs += list(zip(arc_x, arc_y, strict=True))
             ax.plot(arc_x, arc_y, color="#999999", linewidth=1)
-            ax.plot([0, x], [0, y], color="#dddddd", linewidth=0.8, zorder=0)  # a spoke from the origin
+            if n:  # an arrowhead on the arc's last stretch: from o_t at 0 to the same t shifted
+                ax.annotate("", xy=(arc_x[-1], arc_y[-1]), xytext=(arc_x[-4], arc_y[-4]), arrowprops={
+                    "arrowstyle": "-|>", "color": "#999999", "linewidth": 1, "shrinkA": 0, "shrinkB": 7,
+                    "mutation_scale": 10})  # fmt: skip
         arcs_of[n] = arcs
         ax.plot(before[:, 0], before[:, 1], "o", color=before_colour, markersize=6, gid=f"before-{n}",
-                label=f"the sequence at positions 0 to {T - 1}")  # fmt: skip
+                label=f"$o_t$, the sequence at positions 0 to {T - 1}{_listed(drawn, T)}")  # fmt: skip
         ax.plot(after[:, 0], after[:, 1], "x", color=after_colour, markersize=9, mew=2, gid=f"after-{n}",
-                label=f"shifted to {shift} to {shift + T - 1}")  # fmt: skip
+                label=f"the same $o_t$, shifted to {shift} to {shift + T - 1}")  # fmt: skip
         ax.plot(0, 0, "+", color="#777777", markersize=10, zorder=1.5)  # the origin
         ax.set(xlim=(low[0], high[0]), ylim=(low[1], high[1]), aspect="equal")
         ax.set_xlabel(f"output dimension {a}", fontsize=FONT - 1)
@@ -621,7 +638,6 @@ def value_shift(
     for n, ax in enumerate(axes):
         before, after = placed[(n, 0)], placed[(n, shift)]  # (T, 2) each
         markers = [*map(tuple, before.tolist()), *map(tuple, after.tolist()), (0.0, 0.0)]
-        spokes = [(x * f / 20, y * f / 20) for x, y in before.tolist() for f in range(1, 20)]
-        labels = {f"t-{n}-{t}": (f"t={t}", tuple(before[t].tolist())) for t in range(T)}
-        _place_labels(ax, labels, markers, arcs_of[n] + spokes)
+        labels = {f"t-{n}-{t}": (f"t={t}", tuple(xy)) for t, xy in zip(drawn, before.tolist(), strict=True)}
+        _place_labels(ax, labels, markers, arcs_of[n])
     return figure
