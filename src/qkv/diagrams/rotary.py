@@ -53,7 +53,7 @@ def rotation(
 ) -> Figure:
     """One query and one key turned by their positions, in the plane of one pair of dimensions.
 
-    One panel per ``(t, s)``: the query before rotation (dashed) and after, turned by
+    One panel per ``(t, s)``: the query before rotation (thin, pale) and after, turned by
     ``t · θ_j``, in Q's blue; the key likewise by ``s · θ_j``, in K's vermillion; and
     the signed angle from the turned query to the turned key (counter-clockwise
     positive, in (-180°, 180°]), marked by an arc and written in the title. At position
@@ -124,16 +124,15 @@ def rotation(
     axes = figure.subplots(1, len(positions), squeeze=False)[0]
     for n, ((t, s), ax) in enumerate(zip(positions, axes, strict=True)):
         q, k = point(vectors["query"], t), point(vectors["key"], s)
-        for (tip_x, tip_y), colour, style, gid in (
-            (raw_q, ROLE_COLOURS["q"], "--", "q-raw"),
-            (raw_k, ROLE_COLOURS["k"], "--", "k-raw"),
-            (q, ROLE_COLOURS["q"], "-", f"q-rotated-{n}"),
-            (k, ROLE_COLOURS["k"], "-", f"k-rotated-{n}"),
-        ):
-            raw = style == "--"
+        for (tip_x, tip_y), colour, raw, gid in (
+            (raw_q, ROLE_COLOURS["q"], True, "q-raw"),
+            (raw_k, ROLE_COLOURS["k"], True, "k-raw"),
+            (q, ROLE_COLOURS["q"], False, f"q-rotated-{n}"),
+            (k, ROLE_COLOURS["k"], False, f"k-rotated-{n}"),
+        ):  # before: thin and pale (a dashed outline renders jagged); turned: full
             ax.add_patch(FancyArrow(
-                0, 0, tip_x, tip_y, width=0.012 * reach, head_width=0.07 * reach, length_includes_head=True,
-                color=colour, alpha=0.35 if raw else 1.0, linestyle=style, gid=gid,
+                0, 0, tip_x, tip_y, width=(0.004 if raw else 0.012) * reach, head_width=0.07 * reach,
+                length_includes_head=True, color=colour, alpha=0.4 if raw else 1.0, linewidth=0, gid=gid,
             ))  # fmt: skip
         angle_q, angle_k = math.degrees(math.atan2(q[1], q[0])), math.degrees(math.atan2(k[1], k[0]))
         between = (angle_k - angle_q + 180) % 360 - 180  # from the query to the key, in (-180, 180]
@@ -159,8 +158,8 @@ def rotation(
     handles = [
         Line2D([], [], color=ROLE_COLOURS["q"], linewidth=2.5, label="q turned by t·θ"),
         Line2D([], [], color=ROLE_COLOURS["k"], linewidth=2.5, label="k turned by s·θ"),
-        Line2D([], [], color=ROLE_COLOURS["q"], alpha=0.35, linestyle="--", label="q before"),
-        Line2D([], [], color=ROLE_COLOURS["k"], alpha=0.35, linestyle="--", label="k before"),
+        Line2D([], [], color=ROLE_COLOURS["q"], alpha=0.4, linewidth=1, label="q before"),
+        Line2D([], [], color=ROLE_COLOURS["k"], alpha=0.4, linewidth=1, label="k before"),
     ]
     caption = f"Pair {pair} (θ = {theta:.3g} rad per position); angles counter-clockwise from q to k"
     figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=FONT - 1, frameon=False,
@@ -419,11 +418,11 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
-        ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
+        ("q", "W^Q", f"{h}×{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
          [r"$\tilde q_t = R_t q_t$", f"row t of ({T}, {d_k})"]),
-        ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
+        ("k", "W^K", f"{h_kv}×{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
          [r"$\tilde k_s = R_s k_s$", f"row s of ({T}, {d_k})"]),
-        ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
+        ("v", "W^V", f"{h_kv}×{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
     ]  # fmt: skip
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
         colour = ROLE_COLOURS[role]
@@ -444,7 +443,7 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     arrow(column[3] + box_w, middle[2], column[4], middle[2])
     arrow(column[4] + box_w / 2, top[1] + box_h, column[4] + box_w / 2, top[2])
     arrow(column[4] + box_w, middle[2], column[5], middle[2])
-    box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], ["$W^O$", f"({h}·{d_v}, {d_model})"], "output")
+    box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], ["$W^O$", f"({h}×{d_v}, {d_model})"], "output")
     return figure
 
 
