@@ -1,4 +1,4 @@
-"""qkv.diagrams.rotation and position_flow: what is drawn is what qkv computes, read back from the figure."""
+"""qkv.diagrams' rotary figures: what is drawn is what qkv computes, read back from the figure."""
 
 from __future__ import annotations
 
@@ -68,8 +68,80 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     assert boxes["R_s"].get_edgecolor()[:3] == matplotlib.colors.to_rgb(ROLE_COLOURS["k"])
     assert boxes["no-rotation"].get_linestyle() == "--"
     texts = qkv.diagrams.texts_of(figure)
-    assert {"(5, 12)", "(12, 3·4)", "row t of (5, 4)", "no turn"} <= set(texts)
+    assert {"(5, 12)", "(12, 3×4)", "row t of (5, 4)", "no turn"} <= set(texts)
+    score = r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"
+    rotated = {r"$\tilde q_t = R_t q_t$", r"$\tilde k_s = R_s k_s$", score}
+    assert rotated <= set(texts)  # the rotated query and key have their own symbols
+    assert "causal: s ≤ t" in texts  # the mask: the second place position enters
+    rope = qkv.RotaryEmbedding(4)
+    unmasked = qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, rope, causal=False)
+    assert "causal: s ≤ t" not in qkv.diagrams.texts_of(unmasked)
     with pytest.raises(ValueError, match="the layer's heads have d_k=4, but rotary is for d_k=8"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(8))
     with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, None)
+
+
+def _value_shift_inputs(T=6, d_k=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(3, T, d_k, generator=g, dtype=torch.float64)
+    return q, k, v, qkv.RotaryEmbedding(d_k, angle_dtype=torch.float64)
+
+
+def test_value_shift_draws_the_outputs_qkv_computes():
+    q, k, v, rope = _value_shift_inputs()
+    figure = qkv.diagrams.value_shift(q, k, v, rope, 100)
+    lines = {line.get_gid(): line for ax in figure.axes for line in ax.lines if line.get_gid()}
+    for n, rotate_values in enumerate((False, True)):
+        for name, first in (("before", 0), ("after", 100)):
+            positions = torch.arange(first, first + 6)
+            values = rope(v, positions) if rotate_values else v
+            o = qkv.attention(rope(q, positions), rope(k, positions), values, is_causal=True)[0]
+            drawn = torch.as_tensor(lines[f"{name}-{n}"].get_xydata())  # (T, 2)
+            torch.testing.assert_close(drawn, o[:, [0, 4]])  # pair 0 of half-split: dimensions 0 and 4
+    before, after = (torch.as_tensor(lines[gid].get_xydata()) for gid in ("before-0", "after-0"))
+    torch.testing.assert_close(before, after)  # raw values: the shift moves nothing
+    turn = round(math.degrees(100 * 1.0) + 180) % 360 - 180  # pair 0 turns one radian per position
+    assert figure.axes[1].get_title().endswith(f"= {turn:+d}°".replace("-", "−"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_value_shift_labels_overlap_no_marker_and_no_other_label(seed):
+    q, k, v, rope = _value_shift_inputs(seed=seed)
+    figure = qkv.diagrams.value_shift(q, k, v, rope, 100)
+    renderer = figure.canvas.get_renderer()
+    for n, ax in enumerate(figure.axes):
+        labels = [t for t in ax.texts if (t.get_gid() or "").startswith(f"t-{n}-")]
+        assert [t.get_text() for t in labels] == [f"t={t}" for t in range(6)]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        for i, box in enumerate(boxes):
+            assert not any(box.overlaps(other) for other in boxes[i + 1 :])
+            assert ax.get_window_extent(renderer).contains(*box.p0)  # inside the axes
+            for marker in (line for line in ax.lines if line.get_gid()):
+                points = ax.transData.transform(marker.get_xydata())
+                assert not any(box.contains(x, y) for x, y in points), labels[i].get_text()
+
+
+def test_value_shift_bad_input_is_named():
+    q, k, v, rope = _value_shift_inputs()
+    with pytest.raises(ValueError, match=r"value has shape \(6, 4\), but rotary is for d_k=8"):
+        qkv.diagrams.value_shift(q, k, v[:, :4], rope, 100)
+    with pytest.raises(ValueError, match="same number of rows"):
+        qkv.diagrams.value_shift(q, k[:5], v, rope, 100)
+    with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):
+        qkv.diagrams.value_shift(q, k, v, None, 100)
+
+
+def test_value_shift_draws_only_the_outputs_shown():
+    q, k, v, rope = _value_shift_inputs()
+    figure = qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[0, 2, 5])
+    positions = torch.arange(6)
+    o = qkv.attention(rope(q, positions), rope(k, positions), rope(v, positions), is_causal=True)[0]
+    (before,) = [line for line in figure.axes[1].lines if line.get_gid() == "before-1"]
+    torch.testing.assert_close(torch.as_tensor(before.get_xydata()), o[[0, 2, 5]][:, [0, 4]])
+    labels = sorted(t.get_text() for t in figure.axes[1].texts if (t.get_gid() or "").startswith("t-1-"))
+    assert labels == ["t=0", "t=2", "t=5"]
+    assert "(t = 0, 2, 5 drawn)" in figure.legends[0].get_texts()[0].get_text()
+    assert not [line for ax in figure.axes for line in ax.lines if line.get_color() == "#dddddd"]  # no spokes
+    with pytest.raises(ValueError, match="shown must name outputs t between 0 and 5, got \\[6\\]"):
+        qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[6])

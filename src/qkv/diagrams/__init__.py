@@ -23,7 +23,7 @@ from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
 from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
 from qkv.diagrams.roles import data_flow
-from qkv.diagrams.rotary import pairings, position_flow, position_scores, rotation
+from qkv.diagrams.rotary import pairings, position_flow, position_scores, rotation, value_shift
 
 __all__ = [
     "HEAD_COLOURS",
@@ -48,4 +48,5 @@ __all__ = [
     "reshape",
     "rotation",
     "texts_of",
+    "value_shift",
 ]

@@ -1,6 +1,6 @@
 """Rotary position embeddings pictured: where position enters a layer, which dimensions turn
-together, a query and a key turned by their positions, and the scores that depend only on
-how far apart they are.
+together, a query and a key turned by their positions, the scores that depend only on
+how far apart they are, and what a shift of the whole sequence does to the outputs.
 
 See also
 --------
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from qkv._validation import require_positive_int, require_tensor, shape_str
+from qkv.attention import attention
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
     FONT,
@@ -29,9 +30,10 @@ from qkv.diagrams._draw import (
 from qkv.rotary import RotaryEmbedding, interleaved_to_half
 
 if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["pairings", "position_flow", "position_scores", "rotation"]
+__all__ = ["pairings", "position_flow", "position_scores", "rotation", "value_shift"]
 
 
 def _plane(rotary: RotaryEmbedding, pair: int) -> tuple[int, int]:
@@ -51,7 +53,7 @@ def rotation(
 ) -> Figure:
     """One query and one key turned by their positions, in the plane of one pair of dimensions.
 
-    One panel per ``(t, s)``: the query before rotation (dashed) and after, turned by
+    One panel per ``(t, s)``: the query before rotation (thin, pale) and after, turned by
     ``t · θ_j``, in Q's blue; the key likewise by ``s · θ_j``, in K's vermillion; and
     the signed angle from the turned query to the turned key (counter-clockwise
     positive, in (-180°, 180°]), marked by an arc and written in the title. At position
@@ -122,16 +124,15 @@ def rotation(
     axes = figure.subplots(1, len(positions), squeeze=False)[0]
     for n, ((t, s), ax) in enumerate(zip(positions, axes, strict=True)):
         q, k = point(vectors["query"], t), point(vectors["key"], s)
-        for (tip_x, tip_y), colour, style, gid in (
-            (raw_q, ROLE_COLOURS["q"], "--", "q-raw"),
-            (raw_k, ROLE_COLOURS["k"], "--", "k-raw"),
-            (q, ROLE_COLOURS["q"], "-", f"q-rotated-{n}"),
-            (k, ROLE_COLOURS["k"], "-", f"k-rotated-{n}"),
-        ):
-            raw = style == "--"
+        for (tip_x, tip_y), colour, raw, gid in (
+            (raw_q, ROLE_COLOURS["q"], True, "q-raw"),
+            (raw_k, ROLE_COLOURS["k"], True, "k-raw"),
+            (q, ROLE_COLOURS["q"], False, f"q-rotated-{n}"),
+            (k, ROLE_COLOURS["k"], False, f"k-rotated-{n}"),
+        ):  # before: thin and pale (a dashed outline renders jagged); turned: full
             ax.add_patch(FancyArrow(
-                0, 0, tip_x, tip_y, width=0.012 * reach, head_width=0.07 * reach, length_includes_head=True,
-                color=colour, alpha=0.35 if raw else 1.0, linestyle=style, gid=gid,
+                0, 0, tip_x, tip_y, width=(0.004 if raw else 0.012) * reach, head_width=0.07 * reach,
+                length_includes_head=True, color=colour, alpha=0.4 if raw else 1.0, linewidth=0, gid=gid,
             ))  # fmt: skip
         angle_q, angle_k = math.degrees(math.atan2(q[1], q[0])), math.degrees(math.atan2(k[1], k[0]))
         between = (angle_k - angle_q + 180) % 360 - 180  # from the query to the key, in (-180, 180]
@@ -157,8 +158,8 @@ def rotation(
     handles = [
         Line2D([], [], color=ROLE_COLOURS["q"], linewidth=2.5, label="q turned by t·θ"),
         Line2D([], [], color=ROLE_COLOURS["k"], linewidth=2.5, label="k turned by s·θ"),
-        Line2D([], [], color=ROLE_COLOURS["q"], alpha=0.35, linestyle="--", label="q before"),
-        Line2D([], [], color=ROLE_COLOURS["k"], alpha=0.35, linestyle="--", label="k before"),
+        Line2D([], [], color=ROLE_COLOURS["q"], alpha=0.4, linewidth=1, label="q before"),
+        Line2D([], [], color=ROLE_COLOURS["k"], alpha=0.4, linewidth=1, label="k before"),
     ]
     caption = f"Pair {pair} (θ = {theta:.3g} rad per position); angles counter-clockwise from q to k"
     figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=FONT - 1, frameon=False,
@@ -325,15 +326,16 @@ def pairings(d_k: int = 8) -> Figure:
     return figure
 
 
-def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
+def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: bool = True) -> Figure:
     """Where position enters a rotary layer: R_t after W^Q and R_s after W^K meet in the score; V unturned.
 
     Three rows, one per role, for one head: the input X, the weight, the rotation,
-    the product, then the attention. The query row turns ``q`` by ``R_t`` (the
-    angles ``t · θ_j`` of its position t), the key row ``k`` by ``R_s``; the two meet
-    in the score ``q_tᵀ k_s / √d_k``, whose softmax weights ``a_ts`` average the value
-    row, which has no rotation box (a dashed gap instead). Then ``W^O``. Shapes are
-    read from the objects passed.
+    the product, then the attention. The query row turns ``q_t`` by ``R_t`` (the
+    angles ``t · θ_j`` of its position t) into ``q̃_t``, the key row ``k_s`` by ``R_s``
+    into ``k̃_s``; the two meet in the score ``q̃_tᵀ k̃_s / √d_k``, whose softmax
+    weights ``a_ts`` (over the keys s ≤ t under a causal mask, the second place
+    position enters) average the value row, which has no rotation box (a dashed gap
+    instead). Then ``W^O``. Shapes are read from the objects passed.
 
     Parameters
     ----------
@@ -343,6 +345,8 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
         Where W^Q, W^K and W^V come from (``to_heads()`` is called on a module).
     rotary : RotaryEmbedding
         The rotation, for the layer's head size d_k.
+    causal : bool
+        Whether the softmax runs over the keys s ≤ t only (a causal mask, the default).
 
     Returns
     -------
@@ -399,7 +403,7 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
             facecolor="none" if dashed else to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.3,
             linestyle="--" if dashed else "-", gid=gid,
         ))  # fmt: skip
-        offsets = {1: [0.0], 2: [-0.1, 0.13], 3: [-0.2, 0.06, 0.26]}[len(lines)]
+        offsets = {1: [0.0], 2: [-0.1, 0.13], 3: [-0.2, 0.06, 0.26], 4: [-0.3, -0.04, 0.14, 0.36]}[len(lines)]
         for n, (text, offset) in enumerate(zip(lines, offsets, strict=True)):
             ax.text(column[c] + box_w / 2, (y0 + y1) / 2 + offset, text, ha="center", va="center",
                     fontsize=FONT if n == 0 else FONT * 0.72, color=TEXT_COLOUR)  # fmt: skip
@@ -414,11 +418,11 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
-        ("q", "W^Q", f"{h}·{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
-         ["$q_t$", f"row t of ({T}, {d_k})"]),
-        ("k", "W^K", f"{h_kv}·{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
-         ["$k_s$", f"row s of ({T}, {d_k})"]),
-        ("v", "W^V", f"{h_kv}·{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
+        ("q", "W^Q", f"{h}×{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
+         [r"$\tilde q_t = R_t q_t$", f"row t of ({T}, {d_k})"]),
+        ("k", "W^K", f"{h_kv}×{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
+         [r"$\tilde k_s = R_s k_s$", f"row s of ({T}, {d_k})"]),
+        ("v", "W^V", f"{h_kv}×{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
     ]  # fmt: skip
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
         colour = ROLE_COLOURS[role]
@@ -430,7 +434,8 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
         arrow(column[2] + box_w, middle[i], column[3], middle[i])
         box(3, top[i], top[i] + box_h, colour, product, role)
     weights_colour = ROLE_COLOURS["weights"]
-    score = [r"$a_{ts}$", "softmax over s of", r"$q_t^\top k_s\,/\sqrt{d_k}$"]
+    score = [r"$a_{ts}$", "softmax over s of", r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"]
+    score += ["causal: s ≤ t"] if causal else []  # the second place position enters
     box(4, top[0], top[1] + box_h, weights_colour, score, "score")
     for i in (0, 1):
         arrow(column[3] + box_w, middle[i], column[4], middle[i])
@@ -438,5 +443,200 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding) -> Figure:
     arrow(column[3] + box_w, middle[2], column[4], middle[2])
     arrow(column[4] + box_w / 2, top[1] + box_h, column[4] + box_w / 2, top[2])
     arrow(column[4] + box_w, middle[2], column[5], middle[2])
-    box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], ["$W^O$", f"({h}·{d_v}, {d_model})"], "output")
+    box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], ["$W^O$", f"({h}×{d_v}, {d_model})"], "output")
+    return figure
+
+
+def _place_labels(
+    ax: Axes,
+    labels: Mapping[str, tuple[str, tuple[float, float]]],
+    markers: list[tuple[float, float]],
+    lines: list[tuple[float, float]],
+) -> None:
+    """Write each label beside its point, where it covers no marker, no other label and little line.
+
+    ``labels`` maps a ``gid`` to the text and the point it names. Measured on the drawn
+    figure, in pixels: spots at growing distances in 16 directions around the point
+    are tried, and the first that stays inside the axes, clear of every marker and
+    every label already placed and crossing the fewest points of ``lines``, is kept; a
+    label placed far from its point gets a thin leader line to it.
+    """
+    from matplotlib.transforms import Bbox
+
+    figure = ax.get_figure()
+    assert figure is not None
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    inside = ax.get_window_extent(renderer)
+    hard = [Bbox.from_bounds(x - 6, y - 6, 12, 12) for x, y in ax.transData.transform(markers)]
+    soft = [Bbox.from_bounds(x - 1.5, y - 1.5, 3, 3) for x, y in ax.transData.transform(lines)]
+    points = 72 / figure.dpi  # per pixel
+    for gid, (text, point) in labels.items():
+        label = ax.annotate(text, point, xytext=(0, 0), textcoords="offset points", ha="center", va="center",
+                            fontsize=FONT - 1, color=TEXT_COLOUR, gid=gid)  # fmt: skip
+        label.set_in_layout(False)
+        best: tuple[int, int, tuple[float, float]] | None = None
+        for ring, radius in enumerate((13, 18, 24, 32, 42)):  # px
+            for n in range(16):
+                angle = n * math.pi / 8
+                offset = (radius * 1.5 * math.cos(angle) * points, radius * math.sin(angle) * points)  # wide
+                label.set_position(offset)
+                box = label.get_window_extent(renderer).padded(2)
+                outside = not (inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1))
+                crowding = 1000 * outside + 100 * sum(box.overlaps(other) for other in hard)
+                crowding += sum(box.overlaps(other) for other in soft)
+                if best is None or (crowding, ring) < best[:2]:
+                    best = (crowding, ring, offset)
+        assert best is not None
+        label.set_position(best[2])
+        if best[1] >= 2:  # far from its point: a thin leader line says which point it names
+            leader = {"arrowstyle": "-", "color": "#777777", "linewidth": 0.6, "shrinkA": 8, "shrinkB": 4}
+            ax.annotate("", point, xytext=best[2], textcoords="offset points", arrowprops=leader)
+        hard.append(label.get_window_extent(renderer))
+
+
+def _listed(drawn: list[int], T: int) -> str:
+    """Which outputs are drawn, for the legend: '' for all T, else ' (t = 0, 1, 2, 5 drawn)'."""
+    return "" if drawn == list(range(T)) else f" (t = {', '.join(map(str, drawn))} drawn)"
+
+
+def value_shift(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rotary: RotaryEmbedding,
+    shift: int,
+    *,
+    pair: int = 0,
+    shown: Sequence[int] | None = None,
+) -> Figure:
+    """What shifting the whole sequence does to one head's outputs, with raw and with rotated values.
+
+    The sequence (rows t = 0, ..., T-1 of ``query``, ``key`` and ``value``) is placed at
+    positions 0 to T-1 and again at ``shift`` to ``shift`` + T-1; each placement's
+    causal attention outputs o_t are computed here, with ``rotary`` turning the
+    queries and keys by their positions. Left panel: raw values, where the two
+    placements' outputs coincide. Right panel: values turned by their positions too,
+    ``R_s v_s``, where every o_t turns by ``shift · θ_j`` (an arrow along an arc from each
+    circle to its cross). Both panels show the plane of one pair j of output dimensions, on the same
+    scale, with the origin marked; each o_t is labelled by t at a spot clear of the
+    markers and the other labels.
+
+    Parameters
+    ----------
+    query, key, value : Tensor, shape (T, d_k)
+        One head's queries, keys and values before rotation.
+    rotary : RotaryEmbedding
+        The rotation, for this d_k.
+    shift : int
+        How far the whole sequence moves, c.
+    pair : int
+        Which pair of dimensions j to draw (0, the fastest, by default).
+    shown : sequence of int, optional
+        Which outputs t to draw (all by default): fewer, where outputs crowd together.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        In panel n (0: raw values, 1: rotated), the markers are lines with ``gid``
+        ``"before-{n}"`` (circles, the sequence at 0) and ``"after-{n}"`` (crosses,
+        shifted); their data are the outputs drawn. Label t has ``gid`` ``"t-{n}-{t}"``.
+
+    See Also
+    --------
+    position_flow : where position enters a rotary layer.
+    :doc:`rotary` : why RoPE leaves the values alone.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> rope = qkv.RotaryEmbedding(8, angle_dtype=torch.float64)
+    >>> q, k, v = torch.randn(3, 5, 8, dtype=torch.float64)
+    >>> figure = qkv.diagrams.value_shift(q, k, v, rope, 100)
+    >>> [line.get_gid() for line in figure.axes[1].lines if line.get_gid()]
+    ['before-1', 'after-1']
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not isinstance(rotary, RotaryEmbedding):
+        raise TypeError(f"rotary must be a qkv.RotaryEmbedding, got {type(rotary).__name__}")
+    d_k = rotary.d_k
+    rows = {}
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        tensor = require_tensor(name, x, ndim=2, layout="(T, d_k)")
+        if tensor.shape[1] != d_k:
+            raise ValueError(f"{name} has shape {shape_str(tensor.shape)}, but rotary is for d_k={d_k}")
+        rows[name] = tensor.detach()
+    T = rows["query"].shape[0]
+    if rows["key"].shape[0] != T or rows["value"].shape[0] != T:
+        raise ValueError(
+            f"query, key and value must have the same number of rows (T), got "
+            f"{T}, {rows['key'].shape[0]} and {rows['value'].shape[0]}"
+        )
+    if not 0 <= pair < rotary.rotary_dim // 2:
+        raise ValueError(f"pair must be between 0 and {rotary.rotary_dim // 2 - 1}, got {pair}")
+    shift = int(shift)
+    a, b = _plane(rotary, pair)
+    drawn = list(range(T)) if shown is None else [int(t) for t in shown]
+    if not drawn or any(not 0 <= t < T for t in drawn):
+        raise ValueError(f"shown must name outputs t between 0 and {T - 1}, got {list(shown or [])}")
+
+    def outputs(first: int, rotate_values: bool) -> torch.Tensor:  # (T, 2): o_t in the pair's plane
+        positions = torch.arange(first, first + T)
+        values = rotary(rows["value"], positions) if rotate_values else rows["value"]  # (T, d_k)
+        q, k = rotary(rows["query"], positions), rotary(rows["key"], positions)  # (T, d_k) each
+        return attention(q, k, values, is_causal=True)[0][:, [a, b]].double()  # (T, 2)
+
+    placed = {(n, first): outputs(first, bool(n))[drawn] for n in (0, 1) for first in (0, shift)}
+    turn = math.degrees(shift * rotary.frequencies()[pair].item())
+    turn = (turn + 180) % 360 - 180  # c·θ_j, in [-180, 180)
+    everything = torch.cat([*placed.values(), torch.zeros(1, 2, dtype=torch.float64)])  # (4T + 1, 2)
+    span = float((everything.max(0).values - everything.min(0).values).max()) or 1.0
+    low = everything.min(0).values - 0.16 * span  # room for the labels on every side
+    high = everything.max(0).values + 0.16 * span
+    before_colour, after_colour = TEXT_COLOUR, ROLE_COLOURS["v"]
+
+    figure = Figure(figsize=(8.4, 4.6), dpi=100, layout="constrained")
+    axes = figure.subplots(1, 2)
+    arcs_of: dict[int, list[tuple[float, float]]] = {}
+    for n, ax in enumerate(axes):
+        before, after = placed[(n, 0)], placed[(n, shift)]  # (T, 2) each
+        arcs: list[tuple[float, float]] = []
+        for x, y in before.tolist():
+            start, radius = math.atan2(y, x), math.hypot(x, y)
+            arc = torch.linspace(start, start + math.radians(turn) * n, 30, dtype=torch.float64)
+            arc_x, arc_y = (radius * arc.cos()).tolist(), (radius * arc.sin()).tolist()
+            arcs += list(zip(arc_x, arc_y, strict=True))
+            ax.plot(arc_x, arc_y, color="#999999", linewidth=1)
+            if n:  # an arrowhead on the arc's last stretch: from o_t at 0 to the same t shifted
+                ax.annotate("", xy=(arc_x[-1], arc_y[-1]), xytext=(arc_x[-4], arc_y[-4]), arrowprops={
+                    "arrowstyle": "-|>", "color": "#999999", "linewidth": 1, "shrinkA": 0, "shrinkB": 7,
+                    "mutation_scale": 10})  # fmt: skip
+        arcs_of[n] = arcs
+        ax.plot(before[:, 0], before[:, 1], "o", color=before_colour, markersize=6, gid=f"before-{n}",
+                label=f"$o_t$, the sequence at positions 0 to {T - 1}{_listed(drawn, T)}")  # fmt: skip
+        ax.plot(after[:, 0], after[:, 1], "x", color=after_colour, markersize=9, mew=2, gid=f"after-{n}",
+                label=f"the same $o_t$, shifted to {shift} to {shift + T - 1}")  # fmt: skip
+        ax.plot(0, 0, "+", color="#777777", markersize=10, zorder=1.5)  # the origin
+        ax.set(xlim=(low[0], high[0]), ylim=(low[1], high[1]), aspect="equal")
+        ax.set_xlabel(f"output dimension {a}", fontsize=FONT - 1)
+        ax.set_ylabel(f"output dimension {b}", fontsize=FONT - 1)
+        ax.tick_params(labelsize=FONT - 3)
+    turned_by = f"{turn:+.0f}°".replace("-", "−")
+    axes[0].set_title("raw values: every $o_t$ stays put", fontsize=FONT)
+    axes[1].set_title(
+        f"rotated values: in pair {pair}'s plane,\nevery $o_t$ turns by $c\\theta_{pair}$ = {turned_by}",
+        fontsize=FONT,
+    )
+    handles, labels = axes[1].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=FONT - 1, frameon=False)
+    FigureCanvasAgg(figure)  # to measure the labels: placed once the layout is settled
+    figure.draw_without_rendering()
+    figure.set_layout_engine("none")  # keep the axes where the labels were measured
+    for n, ax in enumerate(axes):
+        before, after = placed[(n, 0)], placed[(n, shift)]  # (T, 2) each
+        markers = [*map(tuple, before.tolist()), *map(tuple, after.tolist()), (0.0, 0.0)]
+        labels = {f"t-{n}-{t}": (f"t={t}", tuple(xy)) for t, xy in zip(drawn, before.tolist(), strict=True)}
+        _place_labels(ax, labels, markers, arcs_of[n])
     return figure
