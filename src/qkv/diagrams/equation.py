@@ -1,0 +1,360 @@
+"""The attention equation's details drawn: the scale, the softmax's axis, and masks that end in NaN.
+
+- :func:`softmax_rows`: one row of weights for each width d_k and each scale, as bars,
+  so that saturation (one bar near 1) and flattening (every bar near 1/S) show.
+- :func:`softmax_axes`: the same scores normalised over the keys and over the
+  queries, with every row's and column's sum written beside it.
+- :func:`mask_conventions`: one padded batch's mask written in each library's
+  convention, and what a query's weights become when one library's mask is handed
+  to another.
+
+See also
+--------
+The chapters :doc:`equation` (the scale and the axis) and :doc:`masks` (what True
+means in each library, and where NaN comes from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from qkv._validation import require_tensor, shape_str
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    FONT,
+    MASKED_COLOUR,
+    MASKED_HATCH,
+    ROLE_COLOURS,
+    TEXT_COLOUR,
+    Cells,
+    register_cells,
+    require_matplotlib,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+
+__all__ = ["mask_conventions", "softmax_axes", "softmax_rows"]
+
+#: The colour of a cell that holds NaN: black, never a weight's or a key's colour.
+NAN_COLOUR = "#000000"
+
+
+def softmax_rows(rows: Mapping[str, Mapping[str, torch.Tensor]], *, title: str | None = None) -> Figure:
+    """One softmax row per panel, as bars: a grid of widths (rows) by scales (columns).
+
+    Each panel draws one query's weights over its S keys, on a shared axis from 0 to
+    1, with a dotted line at 1/S (the uniform row) and the largest weight in its title.
+    A saturated row has one bar near 1; a flattened one has every bar near the line.
+
+    Parameters
+    ----------
+    rows : mapping of str to mapping of str to Tensor, shape (S,)
+        For each row of panels (e.g. ``"d_k = 16"``), the weights under each scale
+        (e.g. ``{"no scale": ..., "÷ √d_k": ..., "÷ d_k": ...}``). Every row must name
+        the same scales, in the same order, and every tensor must have the same S.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Panel (r, c)'s bars have gid ``"row-{r}-{c}"``; their heights are the weights.
+
+    See Also
+    --------
+    softmax_axes : the axis a softmax runs over.
+    :doc:`equation` : why the scores are divided by √d_k.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> z = torch.randn(10)
+    >>> figure = qkv.diagrams.softmax_rows({"d_k = 4": {"raw": z.softmax(-1)}})
+    >>> len(qkv.diagrams.patches_by_gid(figure, "row-0-0"))
+    10
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    if not isinstance(rows, Mapping) or not rows:
+        raise ValueError("rows must map at least one label to a mapping of scale names to (S,) weights")
+    scales: list[str] | None = None
+    length: int | None = None
+    checked: dict[str, dict[str, torch.Tensor]] = {}
+    for label, panels in rows.items():
+        if not isinstance(panels, Mapping) or not panels:
+            raise ValueError(f"rows[{label!r}] must map at least one scale name to (S,) weights")
+        if scales is None:
+            scales = [str(name) for name in panels]
+        elif [str(name) for name in panels] != scales:
+            raise ValueError(
+                f"rows[{label!r}] names the scales {list(panels)}, but the first row names {scales}"
+            )
+        checked[str(label)] = {}
+        for name, weights in panels.items():
+            w = require_tensor(f"rows[{label!r}][{name!r}]", weights, ndim=1, layout="(S,)")
+            if length is None:
+                length = w.shape[0]
+            elif w.shape[0] != length:
+                raise ValueError(
+                    f"rows[{label!r}][{name!r}] has {w.shape[0]} keys, but the first row has {length}"
+                )
+            checked[str(label)][str(name)] = w.detach().double().cpu()
+    assert scales is not None and length is not None
+    figure = Figure(
+        figsize=(2.3 * len(scales) + 0.8, 1.7 * len(checked) + 0.7), dpi=100, layout="constrained"
+    )
+    axes = figure.subplots(len(checked), len(scales), squeeze=False, sharex=True, sharey=True)
+    for r, (label, panels) in enumerate(checked.items()):
+        for c, (name, w) in enumerate(panels.items()):
+            ax = axes[r][c]
+            bars = ax.bar(
+                range(length), w.numpy(), color=ROLE_COLOURS["weights"], edgecolor=EDGE_COLOUR, linewidth=0.4
+            )
+            for bar in bars:
+                bar.set_gid(f"row-{r}-{c}")
+            ax.axhline(1 / length, color=TEXT_COLOUR, linestyle=":", linewidth=1)
+            ax.set_ylim(0, 1)
+            ax.set_title(f"{name}: largest {float(w.max()):.2f}", fontsize=FONT - 1)
+            ax.tick_params(labelsize=FONT - 3)
+            if c == 0:
+                ax.set_ylabel(f"{label}\nweight", fontsize=FONT - 1)
+            if r == len(checked) - 1:
+                ax.set_xlabel("key position s", fontsize=FONT - 1)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def _grid(ax: Axes, values: torch.Tensor, cmap: str) -> AxesImage:
+    image = ax.imshow(values.numpy(), cmap=cmap, vmin=0, vmax=1)
+    for t, row in enumerate(values.tolist()):
+        for s, value in enumerate(row):
+            ink = "white" if value < 0.5 else TEXT_COLOUR
+            ax.text(s, t, f"{value:.2f}", ha="center", va="center", fontsize=FONT - 3, color=ink)
+    return image
+
+
+def softmax_axes(scores: torch.Tensor, *, title: str | None = None) -> Figure:
+    """The same (T, S) scores normalised over the keys (dim=-1) and over the queries (dim=-2).
+
+    Two maps, one row per query and one column per key, each weight written in its
+    cell; each row's sum is written at its right and each column's sum below it, in
+    bold where it is 1 (to two decimals). Over the keys every row sums to 1: a query's
+    weights are an average. Over the queries the columns do, and the rows do not.
+
+    Parameters
+    ----------
+    scores : Tensor, shape (T, S)
+        One head's scores, e.g. ``q @ k.T / math.sqrt(d_k)``.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, "dim=-1")`` and ``"dim=-2"`` read back each map:
+        the weights written in the cells, and (as the text of an extra last column
+        and an extra last row) the row sums and the column sums.
+
+    See Also
+    --------
+    softmax_rows : the scale's effect on one row.
+    :doc:`equation` : which axis the softmax runs over, and why.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> figure = qkv.diagrams.softmax_axes(torch.randn(3, 5))
+    >>> qkv.diagrams.cells(figure, "dim=-1").text[0][-1]  # the first row's sum
+    '1.00'
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    grid = require_tensor("scores", scores, ndim=2, layout="(T, S)").detach().double().cpu()
+    T, S = grid.shape
+    figure = Figure(figsize=(2 * (0.6 * S + 1.2) + 0.8, 0.6 * T + 2.0), dpi=100, layout="constrained")
+    axes = figure.subplots(1, 2)
+    image: AxesImage | None = None
+    for ax, dim, what in zip(
+        axes, (-1, -2), ("over the keys: rows sum to 1", "over the queries: columns do"), strict=True
+    ):
+        weights = torch.softmax(grid, dim=dim)
+        image = _grid(ax, weights, "viridis")
+        row_sums, column_sums = weights.sum(dim=-1), weights.sum(dim=-2)
+        for t, total in enumerate(row_sums.tolist()):
+            bold = "bold" if round(total, 2) == 1 else "normal"
+            ax.text(S - 0.3, t, f"{total:.2f}", ha="left", va="center", fontsize=FONT - 2, fontweight=bold)
+        for s, total in enumerate(column_sums.tolist()):
+            bold = "bold" if round(total, 2) == 1 else "normal"
+            ax.text(s, T - 0.3, f"{total:.2f}", ha="center", va="top", fontsize=FONT - 2, fontweight=bold)
+        ax.set_xlim(-0.5, S + 0.6)
+        ax.set_ylim(T + 0.4, -0.5)
+        ax.set_title(f"softmax(dim={dim})\n{what}", fontsize=FONT - 1)
+        ax.set_xticks(range(S))
+        ax.set_yticks(range(T))
+        ax.set_xlabel("key position s (right: row sums)", fontsize=FONT - 2)
+        ax.set_ylabel("query position t\n(below: column sums)", fontsize=FONT - 2)
+        ax.tick_params(labelsize=FONT - 3)
+        text = [
+            [f"{float(w):.2f}" for w in row] + [f"{float(r):.2f}"]
+            for row, r in zip(weights, row_sums, strict=True)
+        ]
+        text.append([f"{float(c):.2f}" for c in column_sums] + [""])
+        register_cells(
+            figure,
+            f"dim={dim}",
+            Cells(
+                colours=[], hatched=[[False] * (S + 1) for _ in range(T + 1)], text=text, corner=(0.0, 0.0)
+            ),
+        )
+    assert image is not None
+    figure.colorbar(image, ax=list(axes), label="weight", shrink=0.8)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def mask_conventions(
+    may_attend: torch.Tensor, weights: torch.Tensor | None = None, *, title: str | None = None
+) -> Figure:
+    """One padded batch's key mask in each library's convention, and a query's weights when it is inverted.
+
+    One row per sequence, one cell per key. Three panels write the same mask three
+    ways: ``F.scaled_dot_product_attention`` and ``qkv`` (``True`` = may attend),
+    ``nn.MultiheadAttention``'s ``key_padding_mask`` (``True`` = blocked) and Hugging
+    Face's ``attention_mask`` (1 = a real token). A cell the mask blocks is white and
+    hatched; a cell a query may use is coloured as a key. With ``weights``, a fourth
+    panel draws one query's weights after the first panel's mask was handed, as it
+    is, to ``nn.MultiheadAttention``: the blocks fall on the real tokens, and a
+    sequence with no padding has no key left, which the panel writes as NaN.
+
+    Parameters
+    ----------
+    may_attend : Tensor of bool, shape (B, S)
+        qkv's convention: True where a key is a real token (``qkv.padding_mask(lengths,
+        S)[:, 0, 0]``).
+    weights : Tensor, shape (B, S), optional
+        One query's weights per sequence under the inverted mask, as the page computed
+        them (NaN where the softmax had no key left).
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, name)`` reads each panel back, with ``name`` one of
+        ``"sdpa"``, ``"torch"``, ``"hugging face"`` and ``"inverted"``: the text in each
+        cell and whether it is hatched (blocked).
+
+    See Also
+    --------
+    attention_map : a whole map, masked cells hatched.
+    :doc:`masks` : what True means in each library, and where NaN comes from.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> mask = qkv.padding_mask([3, 5], 5)[:, 0, 0]  # (B, S), True = may attend
+    >>> figure = qkv.diagrams.mask_conventions(mask)
+    >>> qkv.diagrams.cells(figure, "torch").text[0]
+    ['F', 'F', 'F', 'T', 'T']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if not isinstance(may_attend, torch.Tensor) or may_attend.dtype != torch.bool or may_attend.dim() != 2:
+        got = (
+            f"shape {shape_str(may_attend.shape)}, dtype {may_attend.dtype}"
+            if isinstance(may_attend, torch.Tensor)
+            else type(may_attend).__name__
+        )
+        raise ValueError(f"may_attend must be a boolean tensor (B, S), True = may attend; got {got}")
+    allowed = may_attend.detach().cpu()
+    B, S = allowed.shape
+    panels: list[tuple[str, str, list[list[str]], torch.Tensor]] = [
+        (
+            "sdpa",
+            "F.scaled_dot_product_attention, qkv:\nTrue = may attend",
+            [["T" if a else "F" for a in row] for row in allowed.tolist()],
+            allowed,
+        ),
+        (
+            "torch",
+            "nn.MultiheadAttention:\nTrue = blocked",
+            [["F" if a else "T" for a in row] for row in allowed.tolist()],
+            allowed,
+        ),
+        (
+            "hugging face",
+            "Hugging Face attention_mask:\n1 = real token",
+            [["1" if a else "0" for a in row] for row in allowed.tolist()],
+            allowed,
+        ),
+    ]
+    if weights is not None:
+        w = require_tensor("weights", weights, ndim=2, layout="(B, S)").detach().double().cpu()
+        if tuple(w.shape) != (B, S):
+            raise ValueError(
+                f"weights must have the mask's shape {shape_str((B, S))}, got {shape_str(w.shape)}"
+            )
+        text = [["NaN" if v != v else f"{v:.2f}" for v in row] for row in w.tolist()]
+        panels.append(
+            ("inverted", "the first mask given to nn.MultiheadAttention:\na query's weights", text, ~allowed)
+        )
+    columns = 2 if len(panels) > 2 else len(panels)
+    grid_rows = -(-len(panels) // columns)
+    figure = Figure(
+        figsize=(columns * (0.5 * S + 0.9), grid_rows * (0.5 * B + 1.3)), dpi=100, layout="constrained"
+    )
+    axes = list(figure.subplots(grid_rows, columns, squeeze=False).flat)
+    for ax in axes[len(panels) :]:
+        ax.set_axis_off()
+    for ax, (name, heading, text, open_cells) in zip(axes[: len(panels)], panels, strict=True):
+        colours: list[list[str]] = []
+        hatched: list[list[bool]] = []
+        for b in range(B):
+            colours.append([])
+            hatched.append([])
+            for s in range(S):
+                is_open = bool(open_cells[b, s])
+                is_nan = text[b][s] == "NaN"
+                colour = NAN_COLOUR if is_nan else (ROLE_COLOURS["k"] if is_open else MASKED_COLOUR)
+                ax.add_patch(
+                    Rectangle(
+                        (s - 0.5, b - 0.5),
+                        1,
+                        1,
+                        facecolor=colour,
+                        edgecolor=EDGE_COLOUR,
+                        linewidth=0.6,
+                        hatch=None if is_open or is_nan else MASKED_HATCH,
+                        gid=f"{name}:{b}:{s}",
+                    )
+                )
+                ink = "white" if is_open or is_nan else TEXT_COLOUR
+                box = None if is_open or is_nan else {"facecolor": "white", "edgecolor": "none", "pad": 1}
+                ax.text(s, b, text[b][s], ha="center", va="center", fontsize=FONT - 3, color=ink, bbox=box)
+                colours[-1].append(colour)
+                hatched[-1].append(not is_open and not is_nan)
+        register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
+        ax.set_xlim(-0.5, S - 0.5)
+        ax.set_ylim(B - 0.5, -0.5)
+        ax.set_aspect("equal")
+        ax.set_xticks(range(S))
+        ax.set_yticks(range(B))
+        ax.tick_params(labelsize=FONT - 3, length=0)
+        ax.set_title(heading, fontsize=FONT - 2)
+        ax.set_xlabel("key position s", fontsize=FONT - 2)
+        ax.set_ylabel("sequence", fontsize=FONT - 2)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
