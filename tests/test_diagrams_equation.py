@@ -48,6 +48,8 @@ def test_softmax_axes_writes_the_weights_and_their_sums():
     assert over_queries[-1][:-1] == ["1.00"] * 5  # every column, over the queries
     assert over_keys[0][:-1] == [f"{w:.2f}" for w in scores.softmax(-1)[0].tolist()]
     assert any(row[-1] != "1.00" for row in over_queries[:-1])  # rows do not
+    for ax in figure.axes[:2]:  # each note on the axis its sums run along
+        assert "column sums" in ax.get_xlabel() and "row sums" in ax.get_ylabel()
     with pytest.raises(ValueError, match=r"2 dimensions \(T, S\)"):
         qkv.diagrams.softmax_axes(torch.randn(2, 3, 5))
 
@@ -66,6 +68,9 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     assert inverted.hatched[0] == [False, False, True, True][::-1]  # real tokens now blocked
     assert inverted.colours[0][2] == ROLE_COLOURS["k"] and inverted.colours[0][0] == MASKED_COLOUR
     assert not any(inverted.hatched[1])  # NaN cells are drawn as NaN, not as blocked
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == ["a key it may use", "blocked", "NaN"]
+    assert "query 0's weights" in figure.axes[3].get_title()
 
 
 def test_mask_conventions_checks_its_inputs():

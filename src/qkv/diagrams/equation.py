@@ -200,8 +200,8 @@ def softmax_axes(scores: torch.Tensor, *, title: str | None = None) -> Figure:
         ax.set_title(f"softmax(dim={dim})\n{what}", fontsize=FONT - 1)
         ax.set_xticks(range(S))
         ax.set_yticks(range(T))
-        ax.set_xlabel("key position s (right: row sums)", fontsize=FONT - 2)
-        ax.set_ylabel("query position t\n(below: column sums)", fontsize=FONT - 2)
+        ax.set_xlabel("key position s\n(below the grid: column sums)", fontsize=FONT - 2)
+        ax.set_ylabel("query position t\n(right of the grid: row sums)", fontsize=FONT - 2)
         ax.tick_params(labelsize=FONT - 3)
         text = [
             [f"{float(w):.2f}" for w in row] + [f"{float(r):.2f}"]
@@ -234,7 +234,8 @@ def mask_conventions(
     hatched; a cell a query may use is coloured as a key. With ``weights``, a fourth
     panel draws one query's weights after the first panel's mask was handed, as it
     is, to ``nn.MultiheadAttention``: the blocks fall on the real tokens, and a
-    sequence with no padding has no key left, which the panel writes as NaN.
+    sequence with no padding has no key left, which the panel writes as NaN. A legend
+    under the panels names the three fills: a key a query may use, blocked, NaN.
 
     Parameters
     ----------
@@ -308,7 +309,13 @@ def mask_conventions(
             )
         text = [["NaN" if v != v else f"{v:.2f}" for v in row] for row in w.tolist()]
         panels.append(
-            ("inverted", "the first mask given to nn.MultiheadAttention:\na query's weights", text, ~allowed)
+            (
+                "inverted",
+                "qkv's mask (True = may attend) handed to\nnn.MultiheadAttention: "
+                "query 0's weights,\naveraged over heads",
+                text,
+                ~allowed,
+            )
         )
     columns = 2 if len(panels) > 2 else len(panels)
     grid_rows = -(-len(panels) // columns)
@@ -355,6 +362,15 @@ def mask_conventions(
         ax.set_title(heading, fontsize=FONT - 2)
         ax.set_xlabel("key position s", fontsize=FONT - 2)
         ax.set_ylabel("sequence", fontsize=FONT - 2)
+    legend = [
+        Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["k"], edgecolor=EDGE_COLOUR, label="a key it may use"),
+        Rectangle(
+            (0, 0), 1, 1, facecolor=MASKED_COLOUR, edgecolor=EDGE_COLOUR, hatch=MASKED_HATCH, label="blocked"
+        ),
+    ]
+    if weights is not None:
+        legend.append(Rectangle((0, 0), 1, 1, facecolor=NAN_COLOUR, edgecolor=EDGE_COLOUR, label="NaN"))
+    figure.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize=FONT - 2, frameon=False)
     if title:
         figure.suptitle(title, fontsize=FONT)
     return figure
