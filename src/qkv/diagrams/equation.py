@@ -370,7 +370,9 @@ def mask_conventions(
     ]
     if weights is not None:
         legend.append(Rectangle((0, 0), 1, 1, facecolor=NAN_COLOUR, edgecolor=EDGE_COLOUR, label="NaN"))
-    figure.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize=FONT - 2, frameon=False)
+    figure.legend(
+        handles=legend, loc="outside lower center", ncols=len(legend), fontsize=FONT - 2, frameon=False
+    )
     if title:
         figure.suptitle(title, fontsize=FONT)
     return figure
