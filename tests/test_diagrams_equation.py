@@ -71,6 +71,7 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     (legend,) = figure.legends
     assert [text.get_text() for text in legend.get_texts()] == ["a key it may use", "blocked", "NaN"]
     assert "query 0's weights" in figure.axes[3].get_title()
+    assert figure.axes[3].get_title().startswith("Not a convention")
 
 
 def test_mask_conventions_checks_its_inputs():
@@ -78,3 +79,28 @@ def test_mask_conventions_checks_its_inputs():
         qkv.diagrams.mask_conventions(torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"mask's shape \(2, 3\)"):
         qkv.diagrams.mask_conventions(torch.ones(2, 3, dtype=torch.bool), torch.zeros(3, 2))
+
+
+def test_largest_weight_curves_draws_each_value_on_its_scale_line():
+    largest = {"no scale": [0.7, 0.9, 0.95], "÷ √d_k": [0.32, 0.32, 0.33], "÷ d_k": [0.14, 0.12, 0.1]}
+    figure = qkv.diagrams.largest_weight_curves([16, 64, 256], largest, uniform=0.1, title="look")
+    (ax,) = figure.axes
+    for name, values in largest.items():
+        (line,) = [line for line in ax.lines if line.get_gid() == f"curve-{name}"]
+        assert list(line.get_xdata()) == [16, 64, 256]
+        assert list(line.get_ydata()) == pytest.approx(values)
+    assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 1)
+    assert "d_k" in ax.get_xlabel() and ax.get_title() == "look"
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels == ["no scale", "÷ √d_k", "÷ d_k", "uniform 1/S = 0.10"]
+
+
+def test_largest_weight_curves_checks_its_inputs():
+    with pytest.raises(ValueError, match="increasing order"):
+        qkv.diagrams.largest_weight_curves([64, 16], {"a": [0.5, 0.5]})
+    with pytest.raises(ValueError, match="has 1 values, but d_ks has 2"):
+        qkv.diagrams.largest_weight_curves([16, 64], {"a": [0.5]})
+    with pytest.raises(ValueError, match="outside"):
+        qkv.diagrams.largest_weight_curves([16], {"a": [1.5]})
+    with pytest.raises(ValueError, match="at least one"):
+        qkv.diagrams.largest_weight_curves([16], {})

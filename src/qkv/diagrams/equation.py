@@ -1,5 +1,7 @@
 """The attention equation's details drawn: the scale, the softmax's axis, and masks that end in NaN.
 
+- :func:`largest_weight_curves`: the average largest weight of a softmax row against
+  the head width d_k, one line per scale: saturation climbs to 1, flattening falls to 1/S.
 - :func:`softmax_rows`: one row of weights for each width d_k and each scale, as bars,
   so that saturation (one bar near 1) and flattening (every bar near 1/S) show.
 - :func:`softmax_axes`: the same scores normalised over the keys and over the
@@ -16,7 +18,7 @@ means in each library, and where NaN comes from).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,10 +41,88 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
-__all__ = ["mask_conventions", "softmax_axes", "softmax_rows"]
+__all__ = ["largest_weight_curves", "mask_conventions", "softmax_axes", "softmax_rows"]
 
 #: The colour of a cell that holds NaN: black, never a weight's or a key's colour.
 NAN_COLOUR = "#000000"
+
+
+def largest_weight_curves(
+    d_ks: Sequence[int],
+    largest: Mapping[str, Sequence[float]],
+    *,
+    uniform: float | None = None,
+    title: str | None = None,
+) -> Figure:
+    """The average largest weight of a softmax row against the head width d_k, one line per scale.
+
+    A row whose largest weight climbs to 1 saturates (one key takes everything); one
+    that falls to the uniform weight 1/S flattens (every key the same); a flat line
+    keeps the same sharpness at every width.
+
+    Parameters
+    ----------
+    d_ks : sequence of int
+        The head widths d_k measured, in increasing order (drawn on a log-2 axis).
+    largest : mapping of str to sequence of float
+        For each scale (e.g. ``"no scale"``, ``"÷ √d_k"``, ``"÷ d_k"``), the average
+        largest weight at each d_k, one value per entry of ``d_ks``, each in [0, 1].
+    uniform : float, optional
+        The uniform weight 1/S, drawn as a dotted line.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Each scale's line has gid ``"curve-{name}"``; its y data are the values given.
+
+    See Also
+    --------
+    softmax_rows : one row of weights per width and scale, as bars.
+    :doc:`equation` : why the scores are divided by √d_k.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> figure = qkv.diagrams.largest_weight_curves([16, 64], {"none": [0.7, 0.9]})
+    >>> [line.get_gid() for line in figure.axes[0].lines]
+    ['curve-none']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    widths = [int(d) for d in d_ks]
+    if not widths or any(d <= 0 for d in widths) or widths != sorted(set(widths)):
+        raise ValueError(f"d_ks must be positive widths in increasing order, got {list(d_ks)}")
+    if not isinstance(largest, Mapping) or not largest:
+        raise ValueError("largest must map at least one scale name to one value per d_k")
+    curves: dict[str, list[float]] = {}
+    for name, values in largest.items():
+        numbers = [float(v) for v in values]
+        if len(numbers) != len(widths):
+            raise ValueError(f"largest[{name!r}] has {len(numbers)} values, but d_ks has {len(widths)}")
+        if any(not 0.0 <= v <= 1.0 for v in numbers):
+            raise ValueError(f"largest[{name!r}] holds a value outside [0, 1]: {numbers}")
+        curves[str(name)] = numbers
+    figure = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    markers = "osD^v"
+    for n, (name, numbers) in enumerate(curves.items()):
+        ax.plot(widths, numbers, marker=markers[n % len(markers)], linewidth=2, label=name, gid=f"curve-{name}")
+    if uniform is not None:
+        ax.axhline(uniform, color=TEXT_COLOUR, linestyle=":", linewidth=1, label=f"uniform 1/S = {uniform:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(widths, [f"{d:,}" for d in widths])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("head width $d_k$", fontsize=FONT - 1)
+    ax.set_ylabel("average largest weight", fontsize=FONT - 1)
+    ax.tick_params(labelsize=FONT - 2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    if title:
+        ax.set_title(title, fontsize=FONT)
+    return figure
 
 
 def softmax_rows(rows: Mapping[str, Mapping[str, torch.Tensor]], *, title: str | None = None) -> Figure:
@@ -311,8 +391,8 @@ def mask_conventions(
         panels.append(
             (
                 "inverted",
-                "qkv's mask (True = may attend) handed to\nnn.MultiheadAttention: "
-                "query 0's weights,\naveraged over heads",
+                "Not a convention: True = may attend,\nhanded to nn.MultiheadAttention;\n"
+                "query 0's weights, averaged over heads",
                 text,
                 ~allowed,
             )
