@@ -17,9 +17,7 @@ matplotlib.use("Agg")
 def test_softmax_rows_draws_each_weight_as_a_bar():
     g = torch.Generator().manual_seed(0)
     z = torch.randn(7, generator=g)
-    rows = {
-        f"d_k = {d}": {"none": (z * math.sqrt(d)).softmax(-1), "sqrt": z.softmax(-1)} for d in (4, 64)
-    }
+    rows = {f"d_k = {d}": {"none": (z * math.sqrt(d)).softmax(-1), "sqrt": z.softmax(-1)} for d in (4, 64)}
     figure = qkv.diagrams.softmax_rows(rows, title="look")
     for r, panels in enumerate(rows.values()):
         for c, weights in enumerate(panels.values()):

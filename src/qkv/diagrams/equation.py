@@ -109,9 +109,13 @@ def largest_weight_curves(
     ax = figure.subplots()
     markers = "osD^v"
     for n, (name, numbers) in enumerate(curves.items()):
-        ax.plot(widths, numbers, marker=markers[n % len(markers)], linewidth=2, label=name, gid=f"curve-{name}")
+        ax.plot(
+            widths, numbers, marker=markers[n % len(markers)], linewidth=2, label=name, gid=f"curve-{name}"
+        )
     if uniform is not None:
-        ax.axhline(uniform, color=TEXT_COLOUR, linestyle=":", linewidth=1, label=f"uniform 1/S = {uniform:.2f}")
+        ax.axhline(
+            uniform, color=TEXT_COLOUR, linestyle=":", linewidth=1, label=f"uniform 1/S = {uniform:.2f}"
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(widths, [f"{d:,}" for d in widths])
     ax.set_ylim(0, 1)
