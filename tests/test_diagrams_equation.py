@@ -102,3 +102,17 @@ def test_largest_weight_curves_checks_its_inputs():
         qkv.diagrams.largest_weight_curves([16], {"a": [1.5]})
     with pytest.raises(ValueError, match="at least one"):
         qkv.diagrams.largest_weight_curves([16], {})
+
+
+def test_causal_leak_marks_one_column_sum_and_the_last_query():
+    figure = qkv.diagrams.causal_leak(qkv.causal_mask(4), column=1)
+    grid = cells(figure, "leak")
+    assert [row[1] for row in grid.text] == ["", "Σ", "Σ", "Σ"]  # queries t >= 1
+    assert all(text == "" for row in grid.text for s, text in enumerate(row) if s != 1)
+    assert grid.hatched == [[s > t for s in range(4)] for t in range(4)]  # blocked: s > t
+    assert grid.colours[-1] == [ROLE_COLOURS["q"]] * 4  # the last query sees every key
+    assert grid.colours[0][1:] == [MASKED_COLOUR] * 3
+    with pytest.raises(ValueError, match="square boolean"):
+        qkv.diagrams.causal_leak(torch.ones(3, 4, dtype=torch.bool), column=0)
+    with pytest.raises(ValueError, match="from 0 to 3"):
+        qkv.diagrams.causal_leak(qkv.causal_mask(4), column=4)

@@ -6,6 +6,8 @@
   so that saturation (one bar near 1) and flattening (every bar near 1/S) show.
 - :func:`softmax_axes`: the same scores normalised over the keys and over the
   queries, with every row's and column's sum written beside it.
+- :func:`causal_leak`: a causal mask's grid, with the scores that a softmax over the
+  queries sums into one column, and the last query's row: it enters every column.
 - :func:`mask_conventions`: one padded batch's mask written in each library's
   convention, and what a query's weights become when one library's mask is handed
   to another.
@@ -41,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
-__all__ = ["largest_weight_curves", "mask_conventions", "softmax_axes", "softmax_rows"]
+__all__ = ["causal_leak", "largest_weight_curves", "mask_conventions", "softmax_axes", "softmax_rows"]
 
 #: The colour of a cell that holds NaN: black, never a weight's or a key's colour.
 NAN_COLOUR = "#000000"
@@ -457,6 +459,134 @@ def mask_conventions(
     figure.legend(
         handles=legend, loc="outside lower center", ncols=len(legend), fontsize=FONT - 2, frameon=False
     )
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None) -> Figure:
+    """Why a softmax over the queries leaks the future under a causal mask.
+
+    One row per query t, one column per key s. A cell the mask blocks (s > t) is white
+    and hatched. Over the queries (``dim=-2``) column s is normalised by a sum over
+    every query that may use key s, t >= s: those cells of ``column`` are marked
+    "Σ". The last query's row is drawn in the query colour: its scores fall in every
+    column's sum, so changing the last query changes every earlier output.
+
+    Parameters
+    ----------
+    allowed : Tensor of bool, shape (T, T)
+        The mask, True = may attend (``qkv.causal_mask(T)``).
+    column : int
+        The key position s whose sum is marked, ``0 <= column < T``.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, "leak")`` reads the grid back: the text of each
+        cell ("Σ" or ""), its colour and whether it is hatched (blocked).
+
+    See Also
+    --------
+    softmax_axes : the same scores normalised along each axis.
+    :doc:`equation` : which axis the softmax runs over, and why.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> figure = qkv.diagrams.causal_leak(qkv.causal_mask(4), column=1)
+    >>> [row[1] for row in qkv.diagrams.cells(figure, "leak").text]
+    ['', 'Σ', 'Σ', 'Σ']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if (
+        not isinstance(allowed, torch.Tensor)
+        or allowed.dtype != torch.bool
+        or allowed.dim() != 2
+        or allowed.shape[0] != allowed.shape[1]
+    ):
+        got = (
+            f"shape {shape_str(allowed.shape)}, dtype {allowed.dtype}"
+            if isinstance(allowed, torch.Tensor)
+            else type(allowed).__name__
+        )
+        raise ValueError(f"allowed must be a square boolean tensor (T, T), True = may attend; got {got}")
+    grid = allowed.detach().cpu()
+    T = grid.shape[0]
+    if not 0 <= column < T:
+        raise ValueError(f"column must be a key position from 0 to {T - 1}, got {column}")
+    figure = Figure(figsize=(0.55 * T + 2.4, 0.55 * T + 1.6), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    colours: list[list[str]] = []
+    hatched: list[list[bool]] = []
+    text: list[list[str]] = []
+    for t in range(T):
+        colours.append([])
+        hatched.append([])
+        text.append([])
+        for s in range(T):
+            is_open = bool(grid[t, s])
+            in_sum = is_open and s == column
+            colour = (
+                MASKED_COLOUR if not is_open else (ROLE_COLOURS["q"] if t == T - 1 else ROLE_COLOURS["x"])
+            )
+            ax.add_patch(
+                Rectangle(
+                    (s - 0.5, t - 0.5),
+                    1,
+                    1,
+                    facecolor=colour,
+                    edgecolor=ROLE_COLOURS["weights"] if in_sum else EDGE_COLOUR,
+                    linewidth=2.5 if in_sum else 0.6,
+                    hatch=None if is_open else MASKED_HATCH,
+                    gid=f"leak:{t}:{s}",
+                )
+            )
+            mark = "Σ" if in_sum else ""
+            if mark:
+                ink = "white" if t == T - 1 else TEXT_COLOUR  # white on the query colour
+                ax.text(s, t, mark, ha="center", va="center", fontsize=FONT - 1, color=ink)
+            colours[-1].append(colour)
+            hatched[-1].append(not is_open)
+            text[-1].append(mark)
+    register_cells(figure, "leak", Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
+    ax.set_xlim(-0.5, T - 0.5)
+    ax.set_ylim(T - 0.5, -0.5)
+    ax.set_aspect("equal")
+    ax.set_xticks(range(T))
+    ax.set_yticks(range(T))
+    ax.tick_params(labelsize=FONT - 3, length=0)
+    ax.set_xlabel("key position s", fontsize=FONT - 2)
+    ax.set_ylabel("query position t", fontsize=FONT - 2)
+    legend = [
+        Rectangle(
+            (0, 0),
+            1,
+            1,
+            facecolor=MASKED_COLOUR,
+            edgecolor=EDGE_COLOUR,
+            hatch=MASKED_HATCH,
+            label="blocked: s > t",
+        ),
+        Rectangle(
+            (0, 0),
+            1,
+            1,
+            facecolor=ROLE_COLOURS["x"],
+            edgecolor=ROLE_COLOURS["weights"],
+            linewidth=2.5,
+            label=f"Σ: in column {column}'s sum over the queries",
+        ),
+        Rectangle(
+            (0, 0), 1, 1, facecolor=ROLE_COLOURS["q"], edgecolor=EDGE_COLOUR, label="the last query's scores"
+        ),
+    ]
+    figure.legend(handles=legend, loc="outside lower center", ncols=1, fontsize=FONT - 2, frameon=False)
     if title:
         figure.suptitle(title, fontsize=FONT)
     return figure
