@@ -7,8 +7,9 @@ check that they agree.
 
 See also
 --------
-The chapters :doc:`terminology` (what Q, K and V are, book/terminology.ipynb) and
-:doc:`equation` (the scale, the axis and the mask, book/equation.ipynb).
+The chapters :doc:`terminology` (what Q, K and V are, book/terminology.ipynb),
+:doc:`equation` (the scale and the axis, book/equation.ipynb) and :doc:`masks` (masks and
+NaN, book/masks.ipynb).
 """
 
 from __future__ import annotations

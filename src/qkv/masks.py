@@ -6,7 +6,7 @@ converters below make each convention explicit.
 
 See also
 --------
-The chapter :doc:`equation`, section "Masks" (book/equation.ipynb).
+The chapter :doc:`masks` (book/masks.ipynb).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | No
     See Also
     --------
     padding_mask
-    :doc:`equation` : padding and causal masks, section "Masks".
+    :doc:`masks` : padding and causal masks, and where NaN comes from.
 
     Examples
     --------
@@ -157,7 +157,7 @@ def from_torch_mask(blocked: Tensor) -> Tensor:
     See Also
     --------
     additive_mask : the other common convention, a float mask added to the scores.
-    :doc:`equation` : each library's convention, and an inverted mask that fails silently.
+    :doc:`masks` : each library's convention, and an inverted mask that fails silently.
 
     Examples
     --------
@@ -192,7 +192,7 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     See Also
     --------
     from_torch_mask
-    :doc:`equation` : a mask of 1s and 0s that blocks nothing, and the fix.
+    :doc:`masks` : a mask of 1s and 0s that blocks nothing, and the fix.
 
     Examples
     --------

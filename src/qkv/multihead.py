@@ -393,7 +393,7 @@ class _MultiHeadBase(nn.Module):
         See Also
         --------
         qkv.from_torch_mask : torch's boolean mask in qkv's convention.
-        :doc:`equation` : each library's mask convention, section "Masks".
+        :doc:`masks/libraries` : each library's mask convention.
 
         Examples
         --------

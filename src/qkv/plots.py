@@ -5,8 +5,7 @@ it; install it with ``pip install qkv[plot]``.
 
 See also
 --------
-The chapter :doc:`equation`, section "How to read an attention map"
-(book/equation.ipynb).
+The page :doc:`equation/attention-maps` (book/equation/attention-maps.ipynb).
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ def plot_attention(
     See Also
     --------
     plot_heads
-    :doc:`equation` : reading a map row by row, section "How to read an attention map".
+    :doc:`equation/attention-maps` : reading a map row by row.
 
     Examples
     --------

@@ -19,6 +19,13 @@ from qkv.diagrams._draw import (
     texts_of,
 )
 from qkv.diagrams.backward import backward_paths
+from qkv.diagrams.equation import (
+    causal_leak,
+    largest_weight_curves,
+    mask_conventions,
+    softmax_axes,
+    softmax_rows,
+)
 from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
 from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
@@ -32,11 +39,14 @@ __all__ = [
     "Cells",
     "attention_map",
     "backward_paths",
+    "causal_leak",
     "cells",
     "cross_attention",
     "data_flow",
     "decoding_step",
     "heads_from_one_matrix",
+    "largest_weight_curves",
+    "mask_conventions",
     "matrix_names",
     "multi_head",
     "packed_layouts",
@@ -47,6 +57,8 @@ __all__ = [
     "projection",
     "reshape",
     "rotation",
+    "softmax_axes",
+    "softmax_rows",
     "texts_of",
     "value_shift",
 ]

@@ -777,7 +777,7 @@ def attention_map(
     --------
     qkv.plot_attention : the same map without a mask, on axes of your own.
     cross_attention, decoding_step
-    :doc:`equation` : reading a map row by row, and why a masked cell is not a small weight.
+    :doc:`equation/attention-maps` : reading a map row by row, and why a masked cell is not a small weight.
 
     Examples
     --------

@@ -1,0 +1,592 @@
+"""The attention equation's details drawn: the scale, the softmax's axis, and masks that end in NaN.
+
+- :func:`largest_weight_curves`: the average largest weight of a softmax row against
+  the head width d_k, one line per scale: saturation climbs to 1, flattening falls to 1/S.
+- :func:`softmax_rows`: one row of weights for each width d_k and each scale, as bars,
+  so that saturation (one bar near 1) and flattening (every bar near 1/S) show.
+- :func:`softmax_axes`: the same scores normalised over the keys and over the
+  queries, with every row's and column's sum written beside it.
+- :func:`causal_leak`: a causal mask's grid, with the scores that a softmax over the
+  queries sums into one column, and the last query's row: it enters every column.
+- :func:`mask_conventions`: one padded batch's mask written in each library's
+  convention, and what a query's weights become when one library's mask is handed
+  to another.
+
+See also
+--------
+The chapters :doc:`equation` (the scale and the axis) and :doc:`masks` (what True
+means in each library, and where NaN comes from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from qkv._validation import require_tensor, shape_str
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    FONT,
+    MASKED_COLOUR,
+    MASKED_HATCH,
+    ROLE_COLOURS,
+    TEXT_COLOUR,
+    Cells,
+    register_cells,
+    require_matplotlib,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+
+__all__ = ["causal_leak", "largest_weight_curves", "mask_conventions", "softmax_axes", "softmax_rows"]
+
+#: The colour of a cell that holds NaN: black, never a weight's or a key's colour.
+NAN_COLOUR = "#000000"
+
+
+def largest_weight_curves(
+    d_ks: Sequence[int],
+    largest: Mapping[str, Sequence[float]],
+    *,
+    uniform: float | None = None,
+    title: str | None = None,
+) -> Figure:
+    """The average largest weight of a softmax row against the head width d_k, one line per scale.
+
+    A row whose largest weight climbs to 1 saturates (one key takes everything); one
+    that falls to the uniform weight 1/S flattens (every key the same); a flat line
+    keeps the same sharpness at every width.
+
+    Parameters
+    ----------
+    d_ks : sequence of int
+        The head widths d_k measured, in increasing order (drawn on a log-2 axis).
+    largest : mapping of str to sequence of float
+        For each scale (e.g. ``"no scale"``, ``"÷ √d_k"``, ``"÷ d_k"``), the average
+        largest weight at each d_k, one value per entry of ``d_ks``, each in [0, 1].
+    uniform : float, optional
+        The uniform weight 1/S, drawn as a dotted line.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Each scale's line has gid ``"curve-{name}"``; its y data are the values given.
+
+    See Also
+    --------
+    softmax_rows : one row of weights per width and scale, as bars.
+    :doc:`equation` : why the scores are divided by √d_k.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> figure = qkv.diagrams.largest_weight_curves([16, 64], {"none": [0.7, 0.9]})
+    >>> [line.get_gid() for line in figure.axes[0].lines]
+    ['curve-none']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    widths = [int(d) for d in d_ks]
+    if not widths or any(d <= 0 for d in widths) or widths != sorted(set(widths)):
+        raise ValueError(f"d_ks must be positive widths in increasing order, got {list(d_ks)}")
+    if not isinstance(largest, Mapping) or not largest:
+        raise ValueError("largest must map at least one scale name to one value per d_k")
+    curves: dict[str, list[float]] = {}
+    for name, values in largest.items():
+        numbers = [float(v) for v in values]
+        if len(numbers) != len(widths):
+            raise ValueError(f"largest[{name!r}] has {len(numbers)} values, but d_ks has {len(widths)}")
+        if any(not 0.0 <= v <= 1.0 for v in numbers):
+            raise ValueError(f"largest[{name!r}] holds a value outside [0, 1]: {numbers}")
+        curves[str(name)] = numbers
+    figure = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    markers = "osD^v"
+    for n, (name, numbers) in enumerate(curves.items()):
+        ax.plot(
+            widths, numbers, marker=markers[n % len(markers)], linewidth=2, label=name, gid=f"curve-{name}"
+        )
+    if uniform is not None:
+        ax.axhline(
+            uniform, color=TEXT_COLOUR, linestyle=":", linewidth=1, label=f"uniform 1/S = {uniform:.2f}"
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(widths, [f"{d:,}" for d in widths])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("head width $d_k$", fontsize=FONT - 1)
+    ax.set_ylabel("average largest weight", fontsize=FONT - 1)
+    ax.tick_params(labelsize=FONT - 2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    if title:
+        ax.set_title(title, fontsize=FONT)
+    return figure
+
+
+def softmax_rows(rows: Mapping[str, Mapping[str, torch.Tensor]], *, title: str | None = None) -> Figure:
+    """One softmax row per panel, as bars: a grid of widths (rows) by scales (columns).
+
+    Each panel draws one query's weights over its S keys, on a shared axis from 0 to
+    1, with a dotted line at 1/S (the uniform row) and the largest weight in its title.
+    A saturated row has one bar near 1; a flattened one has every bar near the line.
+
+    Parameters
+    ----------
+    rows : mapping of str to mapping of str to Tensor, shape (S,)
+        For each row of panels (e.g. ``"d_k = 16"``), the weights under each scale
+        (e.g. ``{"no scale": ..., "÷ √d_k": ..., "÷ d_k": ...}``). Every row must name
+        the same scales, in the same order, and every tensor must have the same S.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Panel (r, c)'s bars have gid ``"row-{r}-{c}"``; their heights are the weights.
+
+    See Also
+    --------
+    softmax_axes : the axis a softmax runs over.
+    :doc:`equation` : why the scores are divided by √d_k.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> z = torch.randn(10)
+    >>> figure = qkv.diagrams.softmax_rows({"d_k = 4": {"raw": z.softmax(-1)}})
+    >>> len(qkv.diagrams.patches_by_gid(figure, "row-0-0"))
+    10
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    if not isinstance(rows, Mapping) or not rows:
+        raise ValueError("rows must map at least one label to a mapping of scale names to (S,) weights")
+    scales: list[str] | None = None
+    length: int | None = None
+    checked: dict[str, dict[str, torch.Tensor]] = {}
+    for label, panels in rows.items():
+        if not isinstance(panels, Mapping) or not panels:
+            raise ValueError(f"rows[{label!r}] must map at least one scale name to (S,) weights")
+        if scales is None:
+            scales = [str(name) for name in panels]
+        elif [str(name) for name in panels] != scales:
+            raise ValueError(
+                f"rows[{label!r}] names the scales {list(panels)}, but the first row names {scales}"
+            )
+        checked[str(label)] = {}
+        for name, weights in panels.items():
+            w = require_tensor(f"rows[{label!r}][{name!r}]", weights, ndim=1, layout="(S,)")
+            if length is None:
+                length = w.shape[0]
+            elif w.shape[0] != length:
+                raise ValueError(
+                    f"rows[{label!r}][{name!r}] has {w.shape[0]} keys, but the first row has {length}"
+                )
+            checked[str(label)][str(name)] = w.detach().double().cpu()
+    assert scales is not None and length is not None
+    figure = Figure(
+        figsize=(2.3 * len(scales) + 0.8, 1.7 * len(checked) + 0.7), dpi=100, layout="constrained"
+    )
+    axes = figure.subplots(len(checked), len(scales), squeeze=False, sharex=True, sharey=True)
+    for r, (label, panels) in enumerate(checked.items()):
+        for c, (name, w) in enumerate(panels.items()):
+            ax = axes[r][c]
+            bars = ax.bar(
+                range(length), w.numpy(), color=ROLE_COLOURS["weights"], edgecolor=EDGE_COLOUR, linewidth=0.4
+            )
+            for bar in bars:
+                bar.set_gid(f"row-{r}-{c}")
+            ax.axhline(1 / length, color=TEXT_COLOUR, linestyle=":", linewidth=1)
+            ax.set_ylim(0, 1)
+            ax.set_title(f"{name}: largest {float(w.max()):.2f}", fontsize=FONT - 1)
+            ax.tick_params(labelsize=FONT - 3)
+            if c == 0:
+                ax.set_ylabel(f"{label}\nweight", fontsize=FONT - 1)
+            if r == len(checked) - 1:
+                ax.set_xlabel("key position s", fontsize=FONT - 1)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def _grid(ax: Axes, values: torch.Tensor, cmap: str) -> AxesImage:
+    image = ax.imshow(values.numpy(), cmap=cmap, vmin=0, vmax=1)
+    for t, row in enumerate(values.tolist()):
+        for s, value in enumerate(row):
+            ink = "white" if value < 0.5 else TEXT_COLOUR
+            ax.text(s, t, f"{value:.2f}", ha="center", va="center", fontsize=FONT - 3, color=ink)
+    return image
+
+
+def softmax_axes(scores: torch.Tensor, *, title: str | None = None) -> Figure:
+    """The same (T, S) scores normalised over the keys (dim=-1) and over the queries (dim=-2).
+
+    Two maps, one row per query and one column per key, each weight written in its
+    cell; each row's sum is written at its right and each column's sum below it, in
+    bold where it is 1 (to two decimals). Over the keys every row sums to 1: a query's
+    weights are an average. Over the queries the columns do, and the rows do not.
+
+    Parameters
+    ----------
+    scores : Tensor, shape (T, S)
+        One head's scores, e.g. ``q @ k.T / math.sqrt(d_k)``.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, "dim=-1")`` and ``"dim=-2"`` read back each map:
+        the weights written in the cells, and (as the text of an extra last column
+        and an extra last row) the row sums and the column sums.
+
+    See Also
+    --------
+    softmax_rows : the scale's effect on one row.
+    :doc:`equation` : which axis the softmax runs over, and why.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> figure = qkv.diagrams.softmax_axes(torch.randn(3, 5))
+    >>> qkv.diagrams.cells(figure, "dim=-1").text[0][-1]  # the first row's sum
+    '1.00'
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    grid = require_tensor("scores", scores, ndim=2, layout="(T, S)").detach().double().cpu()
+    T, S = grid.shape
+    figure = Figure(figsize=(2 * (0.6 * S + 1.2) + 0.8, 0.6 * T + 2.0), dpi=100, layout="constrained")
+    axes = figure.subplots(1, 2)
+    image: AxesImage | None = None
+    for ax, dim, what in zip(
+        axes, (-1, -2), ("over the keys: rows sum to 1", "over the queries: columns do"), strict=True
+    ):
+        weights = torch.softmax(grid, dim=dim)
+        image = _grid(ax, weights, "viridis")
+        row_sums, column_sums = weights.sum(dim=-1), weights.sum(dim=-2)
+        for t, total in enumerate(row_sums.tolist()):
+            bold = "bold" if round(total, 2) == 1 else "normal"
+            ax.text(S - 0.3, t, f"{total:.2f}", ha="left", va="center", fontsize=FONT - 2, fontweight=bold)
+        for s, total in enumerate(column_sums.tolist()):
+            bold = "bold" if round(total, 2) == 1 else "normal"
+            ax.text(s, T - 0.3, f"{total:.2f}", ha="center", va="top", fontsize=FONT - 2, fontweight=bold)
+        ax.set_xlim(-0.5, S + 0.6)
+        ax.set_ylim(T + 0.4, -0.5)
+        ax.set_title(f"softmax(dim={dim})\n{what}", fontsize=FONT - 1)
+        ax.set_xticks(range(S))
+        ax.set_yticks(range(T))
+        ax.set_xlabel("key position s\n(below the grid: column sums)", fontsize=FONT - 2)
+        ax.set_ylabel("query position t\n(right of the grid: row sums)", fontsize=FONT - 2)
+        ax.tick_params(labelsize=FONT - 3)
+        text = [
+            [f"{float(w):.2f}" for w in row] + [f"{float(r):.2f}"]
+            for row, r in zip(weights, row_sums, strict=True)
+        ]
+        text.append([f"{float(c):.2f}" for c in column_sums] + [""])
+        register_cells(
+            figure,
+            f"dim={dim}",
+            Cells(
+                colours=[], hatched=[[False] * (S + 1) for _ in range(T + 1)], text=text, corner=(0.0, 0.0)
+            ),
+        )
+    assert image is not None
+    figure.colorbar(image, ax=list(axes), label="weight", shrink=0.8)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def mask_conventions(
+    may_attend: torch.Tensor, weights: torch.Tensor | None = None, *, title: str | None = None
+) -> Figure:
+    """One padded batch's key mask in each library's convention, and a query's weights when it is inverted.
+
+    One row per sequence, one cell per key. Three panels write the same mask three
+    ways: ``F.scaled_dot_product_attention`` and ``qkv`` (``True`` = may attend),
+    ``nn.MultiheadAttention``'s ``key_padding_mask`` (``True`` = blocked) and Hugging
+    Face's ``attention_mask`` (1 = a real token). A cell the mask blocks is white and
+    hatched; a cell a query may use is coloured as a key. With ``weights``, a fourth
+    panel draws one query's weights after the first panel's mask was handed, as it
+    is, to ``nn.MultiheadAttention``: the blocks fall on the real tokens, and a
+    sequence with no padding has no key left, which the panel writes as NaN. A legend
+    under the panels names the three fills: a key a query may use, blocked, NaN.
+
+    Parameters
+    ----------
+    may_attend : Tensor of bool, shape (B, S)
+        qkv's convention: True where a key is a real token (``qkv.padding_mask(lengths,
+        S)[:, 0, 0]``).
+    weights : Tensor, shape (B, S), optional
+        One query's weights per sequence under the inverted mask, as the page computed
+        them (NaN where the softmax had no key left).
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, name)`` reads each panel back, with ``name`` one of
+        ``"sdpa"``, ``"torch"``, ``"hugging face"`` and ``"inverted"``: the text in each
+        cell and whether it is hatched (blocked).
+
+    See Also
+    --------
+    attention_map : a whole map, masked cells hatched.
+    :doc:`masks` : what True means in each library, and where NaN comes from.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> mask = qkv.padding_mask([3, 5], 5)[:, 0, 0]  # (B, S), True = may attend
+    >>> figure = qkv.diagrams.mask_conventions(mask)
+    >>> qkv.diagrams.cells(figure, "torch").text[0]
+    ['F', 'F', 'F', 'T', 'T']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if not isinstance(may_attend, torch.Tensor) or may_attend.dtype != torch.bool or may_attend.dim() != 2:
+        got = (
+            f"shape {shape_str(may_attend.shape)}, dtype {may_attend.dtype}"
+            if isinstance(may_attend, torch.Tensor)
+            else type(may_attend).__name__
+        )
+        raise ValueError(f"may_attend must be a boolean tensor (B, S), True = may attend; got {got}")
+    allowed = may_attend.detach().cpu()
+    B, S = allowed.shape
+    panels: list[tuple[str, str, list[list[str]], torch.Tensor]] = [
+        (
+            "sdpa",
+            "F.scaled_dot_product_attention, qkv:\nTrue = may attend",
+            [["T" if a else "F" for a in row] for row in allowed.tolist()],
+            allowed,
+        ),
+        (
+            "torch",
+            "nn.MultiheadAttention:\nTrue = blocked",
+            [["F" if a else "T" for a in row] for row in allowed.tolist()],
+            allowed,
+        ),
+        (
+            "hugging face",
+            "Hugging Face attention_mask:\n1 = real token",
+            [["1" if a else "0" for a in row] for row in allowed.tolist()],
+            allowed,
+        ),
+    ]
+    if weights is not None:
+        w = require_tensor("weights", weights, ndim=2, layout="(B, S)").detach().double().cpu()
+        if tuple(w.shape) != (B, S):
+            raise ValueError(
+                f"weights must have the mask's shape {shape_str((B, S))}, got {shape_str(w.shape)}"
+            )
+        text = [["NaN" if v != v else f"{v:.2f}" for v in row] for row in w.tolist()]
+        panels.append(
+            (
+                "inverted",
+                "Not a convention: True = may attend,\nhanded to nn.MultiheadAttention;\n"
+                "query 0's weights, averaged over heads",
+                text,
+                ~allowed,
+            )
+        )
+    columns = 2 if len(panels) > 2 else len(panels)
+    grid_rows = -(-len(panels) // columns)
+    figure = Figure(
+        figsize=(columns * (0.5 * S + 0.9), grid_rows * (0.5 * B + 1.3)), dpi=100, layout="constrained"
+    )
+    axes = list(figure.subplots(grid_rows, columns, squeeze=False).flat)
+    for ax in axes[len(panels) :]:
+        ax.set_axis_off()
+    for ax, (name, heading, text, open_cells) in zip(axes[: len(panels)], panels, strict=True):
+        colours: list[list[str]] = []
+        hatched: list[list[bool]] = []
+        for b in range(B):
+            colours.append([])
+            hatched.append([])
+            for s in range(S):
+                is_open = bool(open_cells[b, s])
+                is_nan = text[b][s] == "NaN"
+                colour = NAN_COLOUR if is_nan else (ROLE_COLOURS["k"] if is_open else MASKED_COLOUR)
+                ax.add_patch(
+                    Rectangle(
+                        (s - 0.5, b - 0.5),
+                        1,
+                        1,
+                        facecolor=colour,
+                        edgecolor=EDGE_COLOUR,
+                        linewidth=0.6,
+                        hatch=None if is_open or is_nan else MASKED_HATCH,
+                        gid=f"{name}:{b}:{s}",
+                    )
+                )
+                ink = "white" if is_open or is_nan else TEXT_COLOUR
+                box = None if is_open or is_nan else {"facecolor": "white", "edgecolor": "none", "pad": 1}
+                ax.text(s, b, text[b][s], ha="center", va="center", fontsize=FONT - 3, color=ink, bbox=box)
+                colours[-1].append(colour)
+                hatched[-1].append(not is_open and not is_nan)
+        register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
+        ax.set_xlim(-0.5, S - 0.5)
+        ax.set_ylim(B - 0.5, -0.5)
+        ax.set_aspect("equal")
+        ax.set_xticks(range(S))
+        ax.set_yticks(range(B))
+        ax.tick_params(labelsize=FONT - 3, length=0)
+        ax.set_title(heading, fontsize=FONT - 2)
+        ax.set_xlabel("key position s", fontsize=FONT - 2)
+        ax.set_ylabel("sequence", fontsize=FONT - 2)
+    legend = [
+        Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["k"], edgecolor=EDGE_COLOUR, label="a key it may use"),
+        Rectangle(
+            (0, 0), 1, 1, facecolor=MASKED_COLOUR, edgecolor=EDGE_COLOUR, hatch=MASKED_HATCH, label="blocked"
+        ),
+    ]
+    if weights is not None:
+        legend.append(Rectangle((0, 0), 1, 1, facecolor=NAN_COLOUR, edgecolor=EDGE_COLOUR, label="NaN"))
+    figure.legend(
+        handles=legend, loc="outside lower center", ncols=len(legend), fontsize=FONT - 2, frameon=False
+    )
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None) -> Figure:
+    """Why a softmax over the queries leaks the future under a causal mask.
+
+    One row per query t, one column per key s. A cell the mask blocks (s > t) is white
+    and hatched. Over the queries (``dim=-2``) column s is normalised by a sum over
+    every query that may use key s, t >= s: those cells of ``column`` are marked
+    "Σ". The last query's row is drawn in the query colour: its scores fall in every
+    column's sum, so changing the last query changes every earlier output.
+
+    Parameters
+    ----------
+    allowed : Tensor of bool, shape (T, T)
+        The mask, True = may attend (``qkv.causal_mask(T)``).
+    column : int
+        The key position s whose sum is marked, ``0 <= column < T``.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, "leak")`` reads the grid back: the text of each
+        cell ("Σ" or ""), its colour and whether it is hatched (blocked).
+
+    See Also
+    --------
+    softmax_axes : the same scores normalised along each axis.
+    :doc:`equation` : which axis the softmax runs over, and why.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> figure = qkv.diagrams.causal_leak(qkv.causal_mask(4), column=1)
+    >>> [row[1] for row in qkv.diagrams.cells(figure, "leak").text]
+    ['', 'Σ', 'Σ', 'Σ']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if (
+        not isinstance(allowed, torch.Tensor)
+        or allowed.dtype != torch.bool
+        or allowed.dim() != 2
+        or allowed.shape[0] != allowed.shape[1]
+    ):
+        got = (
+            f"shape {shape_str(allowed.shape)}, dtype {allowed.dtype}"
+            if isinstance(allowed, torch.Tensor)
+            else type(allowed).__name__
+        )
+        raise ValueError(f"allowed must be a square boolean tensor (T, T), True = may attend; got {got}")
+    grid = allowed.detach().cpu()
+    T = grid.shape[0]
+    if not 0 <= column < T:
+        raise ValueError(f"column must be a key position from 0 to {T - 1}, got {column}")
+    figure = Figure(figsize=(0.55 * T + 2.4, 0.55 * T + 1.6), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    colours: list[list[str]] = []
+    hatched: list[list[bool]] = []
+    text: list[list[str]] = []
+    for t in range(T):
+        colours.append([])
+        hatched.append([])
+        text.append([])
+        for s in range(T):
+            is_open = bool(grid[t, s])
+            in_sum = is_open and s == column
+            colour = (
+                MASKED_COLOUR if not is_open else (ROLE_COLOURS["q"] if t == T - 1 else ROLE_COLOURS["x"])
+            )
+            ax.add_patch(
+                Rectangle(
+                    (s - 0.5, t - 0.5),
+                    1,
+                    1,
+                    facecolor=colour,
+                    edgecolor=ROLE_COLOURS["weights"] if in_sum else EDGE_COLOUR,
+                    linewidth=2.5 if in_sum else 0.6,
+                    hatch=None if is_open else MASKED_HATCH,
+                    gid=f"leak:{t}:{s}",
+                )
+            )
+            mark = "Σ" if in_sum else ""
+            if mark:
+                ink = "white" if t == T - 1 else TEXT_COLOUR  # white on the query colour
+                ax.text(s, t, mark, ha="center", va="center", fontsize=FONT - 1, color=ink)
+            colours[-1].append(colour)
+            hatched[-1].append(not is_open)
+            text[-1].append(mark)
+    register_cells(figure, "leak", Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
+    ax.set_xlim(-0.5, T - 0.5)
+    ax.set_ylim(T - 0.5, -0.5)
+    ax.set_aspect("equal")
+    ax.set_xticks(range(T))
+    ax.set_yticks(range(T))
+    ax.tick_params(labelsize=FONT - 3, length=0)
+    ax.set_xlabel("key position s", fontsize=FONT - 2)
+    ax.set_ylabel("query position t", fontsize=FONT - 2)
+    legend = [
+        Rectangle(
+            (0, 0),
+            1,
+            1,
+            facecolor=MASKED_COLOUR,
+            edgecolor=EDGE_COLOUR,
+            hatch=MASKED_HATCH,
+            label="blocked: s > t",
+        ),
+        Rectangle(
+            (0, 0),
+            1,
+            1,
+            facecolor=ROLE_COLOURS["x"],
+            edgecolor=ROLE_COLOURS["weights"],
+            linewidth=2.5,
+            label=f"Σ: in column {column}'s sum over the queries",
+        ),
+        Rectangle(
+            (0, 0), 1, 1, facecolor=ROLE_COLOURS["q"], edgecolor=EDGE_COLOUR, label="the last query's scores"
+        ),
+    ]
+    figure.legend(handles=legend, loc="outside lower center", ncols=1, fontsize=FONT - 2, frameon=False)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure

@@ -1,0 +1,118 @@
+"""qkv.diagrams.softmax_rows, softmax_axes and mask_conventions: what is drawn is what was computed."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+
+import qkv
+from qkv.diagrams import MASKED_COLOUR, ROLE_COLOURS, cells, patches_by_gid
+
+matplotlib.use("Agg")
+
+
+def test_softmax_rows_draws_each_weight_as_a_bar():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(7, generator=g)
+    rows = {f"d_k = {d}": {"none": (z * math.sqrt(d)).softmax(-1), "sqrt": z.softmax(-1)} for d in (4, 64)}
+    figure = qkv.diagrams.softmax_rows(rows, title="look")
+    for r, panels in enumerate(rows.values()):
+        for c, weights in enumerate(panels.values()):
+            heights = [bar.get_height() for bar in patches_by_gid(figure, f"row-{r}-{c}")]
+            assert heights == pytest.approx(weights.tolist())
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles[0] == f"none: largest {rows['d_k = 4']['none'].max():.2f}"
+    assert all(ax.get_ylim() == (0, 1) for ax in figure.axes)
+
+
+def test_softmax_rows_refuses_rows_that_differ():
+    w = torch.full((4,), 0.25)
+    with pytest.raises(ValueError, match="names the scales"):
+        qkv.diagrams.softmax_rows({"a": {"x": w}, "b": {"y": w}})
+    with pytest.raises(ValueError, match="has 3 keys"):
+        qkv.diagrams.softmax_rows({"a": {"x": w}, "b": {"x": w[:3]}})
+    with pytest.raises(ValueError, match="at least one"):
+        qkv.diagrams.softmax_rows({})
+
+
+def test_softmax_axes_writes_the_weights_and_their_sums():
+    scores = torch.randn(3, 5, generator=torch.Generator().manual_seed(1))  # T != S
+    figure = qkv.diagrams.softmax_axes(scores)
+    over_keys, over_queries = cells(figure, "dim=-1").text, cells(figure, "dim=-2").text
+    assert [row[-1] for row in over_keys[:-1]] == ["1.00"] * 3  # every row sums to 1
+    assert over_queries[-1][:-1] == ["1.00"] * 5  # every column, over the queries
+    assert over_keys[0][:-1] == [f"{w:.2f}" for w in scores.softmax(-1)[0].tolist()]
+    assert any(row[-1] != "1.00" for row in over_queries[:-1])  # rows do not
+    for ax in figure.axes[:2]:  # each note on the axis its sums run along
+        assert "column sums" in ax.get_xlabel() and "row sums" in ax.get_ylabel()
+    with pytest.raises(ValueError, match=r"2 dimensions \(T, S\)"):
+        qkv.diagrams.softmax_axes(torch.randn(2, 3, 5))
+
+
+def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
+    mask = qkv.padding_mask([2, 4], 4)[:, 0, 0]  # (B, S), True = may attend
+    weights = torch.tensor([[0.0, 0.0, 0.5, 0.5], [math.nan] * 4])
+    figure = qkv.diagrams.mask_conventions(mask, weights)
+    assert cells(figure, "sdpa").text[0] == ["T", "T", "F", "F"]
+    assert cells(figure, "torch").text[0] == ["F", "F", "T", "T"]
+    assert cells(figure, "hugging face").text[1] == ["1", "1", "1", "1"]
+    for name in ("sdpa", "torch", "hugging face"):  # the same keys blocked in each
+        assert cells(figure, name).hatched == (~mask).tolist()
+    inverted = cells(figure, "inverted")
+    assert inverted.text == [["0.00", "0.00", "0.50", "0.50"], ["NaN"] * 4]
+    assert inverted.hatched[0] == [False, False, True, True][::-1]  # real tokens now blocked
+    assert inverted.colours[0][2] == ROLE_COLOURS["k"] and inverted.colours[0][0] == MASKED_COLOUR
+    assert not any(inverted.hatched[1])  # NaN cells are drawn as NaN, not as blocked
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == ["a key it may use", "blocked", "NaN"]
+    assert "query 0's weights" in figure.axes[3].get_title()
+    assert figure.axes[3].get_title().startswith("Not a convention")
+
+
+def test_mask_conventions_checks_its_inputs():
+    with pytest.raises(ValueError, match="boolean tensor"):
+        qkv.diagrams.mask_conventions(torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"mask's shape \(2, 3\)"):
+        qkv.diagrams.mask_conventions(torch.ones(2, 3, dtype=torch.bool), torch.zeros(3, 2))
+
+
+def test_largest_weight_curves_draws_each_value_on_its_scale_line():
+    largest = {"no scale": [0.7, 0.9, 0.95], "÷ √d_k": [0.32, 0.32, 0.33], "÷ d_k": [0.14, 0.12, 0.1]}
+    figure = qkv.diagrams.largest_weight_curves([16, 64, 256], largest, uniform=0.1, title="look")
+    (ax,) = figure.axes
+    for name, values in largest.items():
+        (line,) = [line for line in ax.lines if line.get_gid() == f"curve-{name}"]
+        assert list(line.get_xdata()) == [16, 64, 256]
+        assert list(line.get_ydata()) == pytest.approx(values)
+    assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 1)
+    assert "d_k" in ax.get_xlabel() and ax.get_title() == "look"
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels == ["no scale", "÷ √d_k", "÷ d_k", "uniform 1/S = 0.10"]
+
+
+def test_largest_weight_curves_checks_its_inputs():
+    with pytest.raises(ValueError, match="increasing order"):
+        qkv.diagrams.largest_weight_curves([64, 16], {"a": [0.5, 0.5]})
+    with pytest.raises(ValueError, match="has 1 values, but d_ks has 2"):
+        qkv.diagrams.largest_weight_curves([16, 64], {"a": [0.5]})
+    with pytest.raises(ValueError, match="outside"):
+        qkv.diagrams.largest_weight_curves([16], {"a": [1.5]})
+    with pytest.raises(ValueError, match="at least one"):
+        qkv.diagrams.largest_weight_curves([16], {})
+
+
+def test_causal_leak_marks_one_column_sum_and_the_last_query():
+    figure = qkv.diagrams.causal_leak(qkv.causal_mask(4), column=1)
+    grid = cells(figure, "leak")
+    assert [row[1] for row in grid.text] == ["", "Σ", "Σ", "Σ"]  # queries t >= 1
+    assert all(text == "" for row in grid.text for s, text in enumerate(row) if s != 1)
+    assert grid.hatched == [[s > t for s in range(4)] for t in range(4)]  # blocked: s > t
+    assert grid.colours[-1] == [ROLE_COLOURS["q"]] * 4  # the last query sees every key
+    assert grid.colours[0][1:] == [MASKED_COLOUR] * 3
+    with pytest.raises(ValueError, match="square boolean"):
+        qkv.diagrams.causal_leak(torch.ones(3, 4, dtype=torch.bool), column=0)
+    with pytest.raises(ValueError, match="from 0 to 3"):
+        qkv.diagrams.causal_leak(qkv.causal_mask(4), column=4)
