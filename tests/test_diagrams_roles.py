@@ -73,3 +73,29 @@ def test_the_figure_fits_the_column_and_prints_nothing(capsys):
     figure = qkv.diagrams.data_flow(torch.randn(5, 12), qkv.MultiHeadAttention(12, 3))
     assert figure.get_size_inches()[0] <= 7.0
     assert capsys.readouterr().out == ""
+
+
+def _arrows_into(figure, gid: str) -> int:
+    """How many arrows end on the left edge of the box ``gid``."""
+    (patch,) = qkv.diagrams.patches_by_gid(figure, gid)
+    left, top, height = patch.get_x(), patch.get_y(), patch.get_height()
+    (ax,) = figure.axes
+    ends = [a.xy for a in ax.texts if hasattr(a, "xy") and a.arrow_patch is not None]
+    return sum(abs(x - left) < 1e-9 and top <= y <= top + height for x, y in ends)
+
+
+def test_the_attention_weights_column_is_fed_by_q_and_k_only_and_v_goes_past_it():
+    # T = 4 queries and S = T keys, 3 heads: the weights are (h, T, S) = (3, 4, 4)
+    mha = qkv.MultiHeadAttention(12, 3, d_k=5, d_v=2)
+    x, code = torch.randn(4, 12), {"A": "attn_weights"}
+    figure = qkv.diagrams.data_flow(x, mha, attention_weights=True, code=code)
+    texts = texts_of(figure)
+    assert "$A$" in texts and "(3, 4, 4)" in texts and "attn_weights" in texts
+    assert "(4, 3·2)" in texts  # the output: h·d_v
+    assert "where to look" in texts
+    assert _edge(figure, "A") == ROLE_COLOURS["weights"].lower()
+    assert _arrows_into(figure, "A") == 2  # from Q and from K
+    assert _arrows_into(figure, "output") == 2  # from A and from V
+    assert figure.get_size_inches()[0] <= 7.0
+    plain = qkv.diagrams.data_flow(torch.randn(4, 12), mha)
+    assert "$A$" not in texts_of(plain) and _arrows_into(plain, "output") == 3

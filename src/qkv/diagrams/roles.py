@@ -28,10 +28,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["data_flow"]
 
 #: The names ``code`` may give a library name to.
-NAMES = ("X", "X_K", "X_V", "W^Q", "W^K", "W^V", "Q", "K", "V", "output")
+NAMES = ("X", "X_K", "X_V", "W^Q", "W^K", "W^V", "Q", "K", "V", "A", "output")
 
-# Inches: the figure's width, a column's width and the gap between columns.
+# Inches: the figure's width, a column's width and the gap between columns (four
+# columns; five, with the attention weights, are narrower).
 _WIDTH, _BOX, _GAP = 7.0, 1.45, 0.28
+_BOX5, _GAP5 = 1.18, 0.26
 _ROW, _BOX_HEIGHT = 0.95, 0.78  # a row's height and a box's
 
 
@@ -46,6 +48,7 @@ def data_flow(
     key: object | None = None,
     value: object | None = None,
     code: Mapping[str, str] | None = None,
+    attention_weights: bool = False,
 ) -> Figure:
     """Input, learned weights and products, in four columns: X → W^Q, W^K, W^V → Q, K, V → attention.
 
@@ -54,7 +57,9 @@ def data_flow(
     which objects are computed for every input (the inputs and the products) and
     which are the model's learned parameters (the weights). In self-attention one
     input X feeds all three weight matrices; pass ``key`` (and ``value``) for
-    cross-attention.
+    cross-attention. With ``attention_weights=True`` a fifth column draws the
+    attention weights, (h, T, S): only Q and K reach them ("where to look"), and V
+    goes past them to the output ("what to hand over").
 
     Parameters
     ----------
@@ -67,7 +72,10 @@ def data_flow(
     code : mapping of str to str, optional
         A library's name for some of the objects, written under their boxes: keys
         among ``"X"``, ``"X_K"``, ``"X_V"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``,
-        ``"Q"``, ``"K"``, ``"V"`` and ``"output"``.
+        ``"Q"``, ``"K"``, ``"V"``, ``"A"`` (the attention weights) and ``"output"``.
+    attention_weights : bool, default False
+        Draw the attention weights, head i's softmax(Q_i K_iᵀ / √d_k), between the
+        products and the output.
 
     Returns
     -------
@@ -111,18 +119,27 @@ def data_flow(
     ax.set_xlim(0, _WIDTH)
     ax.set_ylim(height, 0)  # y grows downwards: Q on top
     ax.axis("off")
-    left = (_WIDTH - 4 * _BOX - 3 * _GAP) / 2
-    column = [left + i * (_BOX + _GAP) for i in range(4)]
+    columns, width, gap = (5, _BOX5, _GAP5) if attention_weights else (4, _BOX, _GAP)
+    left = (_WIDTH - columns * width - (columns - 1) * gap) / 2
+    column = [left + i * (width + gap) for i in range(columns)]
     headers = [
         ("input", "computed per sequence"),
         ("weights", "learned parameters"),
         ("products", "computed from the input"),
         ("attention", "every head, side by side"),
     ]
+    if attention_weights:  # narrower columns, shorter subtitles
+        headers = [
+            ("input", "per sequence"),
+            ("parameters", "learned"),
+            ("products", "from the input"),
+            ("attention", "where to look"),
+            ("output", "weighted values"),
+        ]
     for x0, (title, subtitle) in zip(column, headers, strict=True):
-        ax.text(x0 + _BOX / 2, 0.2, title, ha="center", va="center", fontsize=FONT, weight="bold",
+        ax.text(x0 + width / 2, 0.2, title, ha="center", va="center", fontsize=FONT, weight="bold",
                 color=TEXT_COLOUR)  # fmt: skip
-        ax.text(x0 + _BOX / 2, 0.45, subtitle, ha="center", va="center", fontsize=FONT * 0.75,
+        ax.text(x0 + width / 2, 0.45, subtitle, ha="center", va="center", fontsize=FONT * 0.75,
                 color=TEXT_COLOUR)  # fmt: skip
 
     def row_top(i: float) -> float:
@@ -133,19 +150,24 @@ def data_flow(
         from matplotlib.patches import FancyBboxPatch
 
         ax.add_patch(
-            FancyBboxPatch((x0, top), _BOX, bottom - top, boxstyle="round,pad=0,rounding_size=0.06",
+            FancyBboxPatch((x0, top), width, bottom - top, boxstyle="round,pad=0,rounding_size=0.06",
                            facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=gid)
         )  # fmt: skip
         middle = (top + bottom) / 2
         title = label if label == "output" else math(label)
         lines: list[tuple[str, float, str | None]] = [(title, FONT * 1.05, None), (shape, FONT * 0.85, None)]
-        if gid in names:
-            lines.append((names[gid], FONT * 0.75, "monospace"))
-        elif gid == "output":
+        if gid in names:  # a library's name, smaller where it would overflow the box
+            fits = (width - 0.1) * 72 / (0.6 * len(names[gid]))  # monospace: 0.6 em a letter
+            lines.append((names[gid], min(FONT * 0.75, fits), "monospace"))
+        elif gid == "output" and not attention_weights:
             lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})\,V_i$", FONT * 0.75, None))
+        elif gid == "output":
+            lines.append((r"$A_i V_i$", FONT * 0.8, None))
+        elif gid == "A":
+            lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$", FONT * 0.7, None))
         offsets = {1: [0.0], 2: [-0.12, 0.13], 3: [-0.22, 0.02, 0.24]}[len(lines)]
         for (text, size, family), offset in zip(lines, offsets, strict=True):
-            ax.text(x0 + _BOX / 2, middle + offset, text, ha="center", va="center", fontsize=size,
+            ax.text(x0 + width / 2, middle + offset, text, ha="center", va="center", fontsize=size,
                     color=TEXT_COLOUR, family=family)  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
@@ -153,21 +175,29 @@ def data_flow(
                     arrowprops={"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0,
                                 "shrinkA": 0, "shrinkB": 0})  # fmt: skip
 
-    centre = {i: row_top(i) + _BOX_HEIGHT / 2 for i in range(3)}
+    centre = {i: row_top(i) + _BOX_HEIGHT / 2 for i in (0, 0.5, 1, 1.5, 2)}
     for name, tensor, fed in inputs:
         top, bottom = row_top(min(fed)), row_top(max(fed)) + _BOX_HEIGHT
         if len(fed) == 3:  # one X for the three rows: a box of one row's height, in the middle
             top, bottom = row_top(1), row_top(1) + _BOX_HEIGHT
         box(column[0], top, bottom, ROLE_COLOURS["x"], name, _shape(*tensor.shape), name)
         for i in fed:
-            arrow(column[0] + _BOX, (top + bottom) / 2, column[1], centre[i])
+            arrow(column[0] + width, (top + bottom) / 2, column[1], centre[i])
+    # Where each product goes, and the row the output sits in.
+    target, out_row = ({0: 0.5, 1: 0.5, 2: 1.5}, 1.5) if attention_weights else ({0: 1, 1: 1, 2: 1}, 1)
     for i, (role, w_name, w_shape, p_name, p_shape) in enumerate(rows):
         top = row_top(i)
         box(column[1], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], w_name, w_shape, w_name)
-        arrow(column[1] + _BOX, centre[i], column[2], centre[i])
+        arrow(column[1] + width, centre[i], column[2], centre[i])
         box(column[2], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], p_name, p_shape, p_name)
-        arrow(column[2] + _BOX, centre[i], column[3], centre[1])
+        end = column[columns - 1] if role == "v" else column[3]
+        arrow(column[2] + width, centre[i], end, centre[target[i]])
+    if attention_weights:
+        box(column[3], row_top(0.5), row_top(0.5) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "A",
+            _shape(h, T, S), "A")  # fmt: skip
+        arrow(column[3] + width, centre[0.5], column[4], centre[out_row])
     out_shape = _shape(T, f"{h}·{d_v}")
-    box(column[3], row_top(1), row_top(1) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "output", out_shape,
-        "output")  # fmt: skip
+    top = row_top(out_row)
+    colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
+    box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "output", out_shape, "output")
     return figure
