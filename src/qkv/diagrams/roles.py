@@ -2,7 +2,7 @@
 
 See also
 --------
-The chapter :doc:`terminology` (book/terminology.ipynb).
+The chapter :doc:`terminology` (book/terminology.ipynb), which draws the attention weights too.
 """
 
 from __future__ import annotations
