@@ -99,3 +99,20 @@ def test_the_attention_weights_column_is_fed_by_q_and_k_only_and_v_goes_past_it(
     assert figure.get_size_inches()[0] <= 7.0
     plain = qkv.diagrams.data_flow(torch.randn(4, 12), mha)
     assert "$A$" not in texts_of(plain) and _arrows_into(plain, "output") == 3
+
+
+def test_the_operations_are_named_on_their_arrows_and_long_names_break_to_fit():
+    mha = qkv.MultiHeadAttention(12, 3)
+    code = {"op^Q": "self.query", "op^V": "self.value", "Q": "query(hidden_states)"}
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, code=code)
+    texts = texts_of(figure)
+    assert "self.query" in texts and "self.value" in texts and "self.key" not in texts
+    assert "$XW^Q + b^Q$" in texts and "$XW^K + b^K$" not in texts
+    assert "query(\nhidden_states)" in texts  # broken after "(", not shrunk
+    assert "concat of $A_i V_i$" in texts  # the output is the heads side by side
+    (ax,) = figure.axes
+    sizes = [t.get_fontsize() for t in ax.texts if t.get_text().startswith("query(")]
+    assert min(sizes) >= 7.5
+    (w_q,), (q,) = (qkv.diagrams.patches_by_gid(figure, gid) for gid in ("W^Q", "Q"))
+    gap = q.get_x() - (w_q.get_x() + w_q.get_width())
+    assert gap >= 0.75 and figure.get_size_inches()[0] <= 7.0  # room for "self.query"

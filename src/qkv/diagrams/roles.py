@@ -27,13 +27,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["data_flow"]
 
-#: The names ``code`` may give a library name to.
-NAMES = ("X", "X_K", "X_V", "W^Q", "W^K", "W^V", "Q", "K", "V", "A", "output")
+#: The names ``code`` may give a library name to; ``op^Q`` (and K, V) is the operation
+#: that applies W^Q and its bias, written on the arrow from W^Q to Q.
+NAMES = ("X", "X_K", "X_V", "W^Q", "W^K", "W^V", "op^Q", "op^K", "op^V", "Q", "K", "V", "A", "output")
 
 # Inches: the figure's width, a column's width and the gap between columns (four
 # columns; five, with the attention weights, are narrower).
 _WIDTH, _BOX, _GAP = 7.0, 1.45, 0.28
 _BOX5, _GAP5 = 1.18, 0.26
+_BOX_OP, _GAP_OP = 1.08, 0.2  # five columns with the operations named: a wider gap W -> product
+_OP_GAP = 0.8
 _ROW, _BOX_HEIGHT = 0.95, 0.78  # a row's height and a box's
 
 
@@ -72,7 +75,10 @@ def data_flow(
     code : mapping of str to str, optional
         A library's name for some of the objects, written under their boxes: keys
         among ``"X"``, ``"X_K"``, ``"X_V"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``,
-        ``"Q"``, ``"K"``, ``"V"``, ``"A"`` (the attention weights) and ``"output"``.
+        ``"Q"``, ``"K"``, ``"V"``, ``"A"`` (the attention weights) and ``"output"``;
+        ``"op^Q"``, ``"op^K"``, ``"op^V"`` name the operation that applies W^Q and
+        its bias (W^K, W^V), written on the arrow to its product with
+        X W^Q + b^Q under it (BERT's ``self.query``).
     attention_weights : bool, default False
         Draw the attention weights, head i's softmax(Q_i K_iᵀ / √d_k), between the
         products and the output.
@@ -120,8 +126,13 @@ def data_flow(
     ax.set_ylim(height, 0)  # y grows downwards: Q on top
     ax.axis("off")
     columns, width, gap = (5, _BOX5, _GAP5) if attention_weights else (4, _BOX, _GAP)
-    left = (_WIDTH - columns * width - (columns - 1) * gap) / 2
-    column = [left + i * (width + gap) for i in range(columns)]
+    operations = any(f"op^{r}" in names for r in "QKV")
+    gaps = [gap] * (columns - 1)
+    if operations:  # room on the arrow W -> product for the operation's name
+        width, gaps = (_BOX_OP if attention_weights else _BOX), [_GAP_OP] * (columns - 1)
+        gaps[1] = _OP_GAP
+    left = (_WIDTH - columns * width - sum(gaps)) / 2
+    column = [left + i * width + sum(gaps[:i]) for i in range(columns)]
     headers = [
         ("input", "computed per sequence"),
         ("weights", "learned parameters"),
@@ -157,15 +168,21 @@ def data_flow(
         title = label if label == "output" else math(label)
         lines: list[tuple[str, float, str | None]] = [(title, FONT * 1.05, None), (shape, FONT * 0.85, None)]
         if gid in names:  # a library's name, smaller where it would overflow the box
-            fits = (width - 0.1) * 72 / (0.6 * len(names[gid]))  # monospace: 0.6 em a letter
-            lines.append((names[gid], min(FONT * 0.75, fits), "monospace"))
+            name = names[gid]
+            fits = (width - 0.1) * 72 / (0.6 * len(name))  # monospace: 0.6 em a letter
+            if fits < FONT * 0.7 and "(" in name:  # too small: break after the "("
+                name = name.replace("(", "(\n", 1)
+                fits = (width - 0.1) * 72 / (0.6 * max(len(part) for part in name.split("\n")))
+            lines.append((name, min(FONT * 0.75, fits), "monospace"))
         elif gid == "output" and not attention_weights:
             lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})\,V_i$", FONT * 0.75, None))
         elif gid == "output":
-            lines.append((r"$A_i V_i$", FONT * 0.8, None))
+            lines.append((r"concat of $A_i V_i$", FONT * 0.7, None))
         elif gid == "A":
             lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$", FONT * 0.7, None))
         offsets = {1: [0.0], 2: [-0.12, 0.13], 3: [-0.22, 0.02, 0.24]}[len(lines)]
+        if "\n" in lines[-1][0]:  # a name on two lines: everything a little higher
+            offsets = [-0.25, -0.03, 0.22]
         for (text, size, family), offset in zip(lines, offsets, strict=True):
             ax.text(x0 + width / 2, middle + offset, text, ha="center", va="center", fontsize=size,
                     color=TEXT_COLOUR, family=family)  # fmt: skip
@@ -189,6 +206,13 @@ def data_flow(
         top = row_top(i)
         box(column[1], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], w_name, w_shape, w_name)
         arrow(column[1] + width, centre[i], column[2], centre[i])
+        operation = names.get(f"op^{p_name}")
+        if operation is not None:  # the operation on its arrow, what it computes under it
+            middle = (column[1] + width + column[2]) / 2
+            ax.text(middle, centre[i] - 0.1, operation, ha="center", va="center", fontsize=FONT * 0.75,
+                    color=TEXT_COLOUR, family="monospace")  # fmt: skip
+            ax.text(middle, centre[i] + 0.12, math(f"XW^{p_name} + b^{p_name}"), ha="center", va="center",
+                    fontsize=FONT * 0.75, color=TEXT_COLOUR)  # fmt: skip
         box(column[2], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], p_name, p_shape, p_name)
         end = column[columns - 1] if role == "v" else column[3]
         arrow(column[2] + width, centre[i], end, centre[target[i]])
