@@ -24,12 +24,14 @@ def test_self_attention_draws_one_input_three_weights_three_products_with_their_
     mha = qkv.MultiHeadAttention(12, 6, d_k=5, d_v=3, num_kv_heads=3)
     figure = qkv.diagrams.data_flow(torch.randn(2, 4, 12), mha)  # the first sequence's shape
     texts = texts_of(figure)
-    for shape in ("(4, 12)", "(12, 6·5)", "(12, 3·5)", "(12, 3·3)", "(4, 6·5)", "(4, 3·5)", "(4, 3·3)"):
+    for shape in ("(4, 12)", "(4, 6·5)", "(4, 3·5)", "(4, 3·3)"):
         assert shape in texts, shape
     assert "(4, 6·3)" in texts  # the heads' outputs side by side: h·d_v
     assert texts.count("$X$") == 1  # self-attention: one input feeds all three
-    for label in ("$W^Q$", "$W^K$", "$W^V$", "$Q$", "$K$", "$V$"):
-        assert label in texts
+    for label in ("$W^Q$ (12, 6·5)", "$W^K$ (12, 3·5)", "$W^V$ (12, 3·3)", "$Q$", "$K$", "$V$"):
+        assert label in texts, label
+    # the products' column blocks: 6 query heads, 3 key and value heads
+    assert [len(qkv.diagrams.patches_by_gid(figure, f"heads:{p}")) for p in "QKV"] == [6, 3, 3]
     for header in ("input", "weights", "products", "learned parameters", "computed from the input"):
         assert header in texts
     for gid, role in (("W^Q", "q"), ("W^K", "k"), ("V", "v"), ("X", "x")):
@@ -42,7 +44,7 @@ def test_cross_attention_draws_the_key_and_value_inputs_with_their_own_shapes():
     texts = texts_of(figure)
     for label, shape in (("$X$", "(3, 16)"), ("$X_K$", "(5, 10)"), ("$X_V$", "(5, 6)")):
         assert label in texts and shape in texts
-    assert "(10, 4·4)" in texts and "(6, 4·4)" in texts and "(5, 4·4)" in texts
+    assert "$W^K$ (10, 4·4)" in texts and "$W^V$ (6, 4·4)" in texts and "(5, 4·4)" in texts
 
 
 def test_library_names_are_written_under_their_boxes():
@@ -116,3 +118,42 @@ def test_the_operations_are_named_on_their_arrows_and_long_names_break_to_fit():
     (w_q,), (q,) = (qkv.diagrams.patches_by_gid(figure, gid) for gid in ("W^Q", "Q"))
     gap = q.get_x() - (w_q.get_x() + w_q.get_width())
     assert gap >= 0.75 and figure.get_size_inches()[0] <= 7.0  # room for "self.query"
+
+
+def _arrow_ends(figure) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    (ax,) = figure.axes
+    return [(a.xyann, a.xy) for a in ax.texts if hasattr(a, "xy") and a.arrow_patch is not None]
+
+
+def _inside(point: tuple[float, float], patch) -> bool:
+    x, y = point
+    return patch.get_x() - 1e-9 <= x <= patch.get_x() + patch.get_width() + 1e-9 and (
+        patch.get_y() - 1e-9 <= y <= patch.get_y() + patch.get_height() + 1e-9
+    )
+
+
+def test_the_input_feeds_the_operations_and_the_weights_enter_them_from_the_side():
+    # The parameters are not made from X: no arrow runs from X into W^Q; X's arrows end
+    # on the operations, and each W's one arrow ends on its own operation.
+    code = {"op^Q": "self.query", "op^K": "self.key", "op^V": "self.value"}
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), qkv.MultiHeadAttention(12, 3), code=code)
+    ends = _arrow_ends(figure)
+    (x_box,) = qkv.diagrams.patches_by_gid(figure, "X")
+    from_x = [end for start, end in ends if _inside(start, x_box)]
+    assert len(from_x) == 3
+    for role in "QKV":
+        gids = (f"W^{role}", f"op^{role}", role)
+        (w_box,), (op,), (product,) = (qkv.diagrams.patches_by_gid(figure, g) for g in gids)
+        assert not any(_inside(end, w_box) for _, end in ends)  # nothing flows into a weight
+        assert sum(_inside(end, op) for end in from_x) == 1  # X -> the operation
+        (w_end,) = [end for start, end in ends if _inside(start, w_box)]
+        assert _inside(w_end, op)  # W^Q enters self.query
+        assert any(_inside(start, op) and _inside(end, product) for start, end in ends)  # -> Q
+    assert "self.query" in texts_of(figure) and "$XW^Q + b^Q$" in texts_of(figure)
+
+
+def test_the_attention_weights_are_labelled_with_their_formula():
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), qkv.MultiHeadAttention(12, 3), attention_weights=True,
+                                    code={"A": "attn_weights"})  # fmt: skip
+    texts = texts_of(figure)
+    assert r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$" in texts and "concat of $A_i V_i$" in texts
