@@ -32,8 +32,16 @@ def test_self_attention_draws_one_input_three_weights_three_products_with_their_
         assert label in texts, label
     # the products' column blocks: 6 query heads, 3 key and value heads
     assert [len(qkv.diagrams.patches_by_gid(figure, f"heads:{p}")) for p in "QKV"] == [6, 3, 3]
-    for header in ("input", "weights", "products", "learned parameters", "computed from the input"):
+    for header in (
+        "input",
+        "operations",
+        "with their learned weights",
+        "products",
+        "computed from the input",
+    ):
         assert header in texts
+    assert "parameters" not in texts  # the header sits over the operations too
+    assert "strips: 6 heads ($Q$), 3 ($K$, $V$)" in texts  # the strips' cells are heads
     for gid, role in (("W^Q", "q"), ("W^K", "k"), ("V", "v"), ("X", "x")):
         assert _edge(figure, gid) == ROLE_COLOURS[role].lower()
 
@@ -157,3 +165,19 @@ def test_the_attention_weights_are_labelled_with_their_formula():
                                     code={"A": "attn_weights"})  # fmt: skip
     texts = texts_of(figure)
     assert r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$" in texts and "concat of $A_i V_i$" in texts
+
+
+def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_heads():
+    # The second column's header says it holds operations with their learned
+    # weights, not parameters alone; the strips are labelled heads,
+    # and A's shape is read as one T x S matrix per head.
+    code = {"op^Q": "self.query", "op^K": "self.key", "op^V": "self.value", "A": "attn_weights"}
+    mha = qkv.MultiHeadAttention(12, 3)  # d_k = d_v = 4
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, code=code)
+    texts = texts_of(figure)
+    assert "operations" in texts and "with their learned weights" in texts
+    assert "parameters" not in texts and "learned" not in texts  # not over the operations
+    assert "strips: 3 heads × 4 columns" in texts
+    assert r"$(h, T, S)$: $T \times S$ per head" in texts and "(3, 4, 4)" in texts
+    plain = texts_of(qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True))
+    assert "operations" in plain and "$XW^Q$" in plain  # unnamed, the node shows its formula

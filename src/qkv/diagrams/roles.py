@@ -124,7 +124,7 @@ def data_flow(
         ("v", "W^V", _shape(weights.vdim, f"{h_kv}·{d_v}"), "V", _shape(S, f"{h_kv}·{d_v}")),
     ]
 
-    height = 0.75 + 3 * _ROW + 0.1
+    height = 0.75 + 3 * _ROW + 0.25  # room under the products for their strips' label
     figure = Figure(figsize=(_WIDTH, height), dpi=100)
     ax: Axes = figure.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(0, _WIDTH)
@@ -138,16 +138,19 @@ def data_flow(
         gaps[1] = _OP_GAP
     left = (_WIDTH - columns * width - sum(gaps)) / 2
     column = [left + i * width + sum(gaps[:i]) for i in range(columns)]
+    # The second column holds the operations (X -> X W^Q + b^Q), each with its learned
+    # weights entering from above: a header over both, not "parameters" alone.
+    second = ("operations", "with their learned weights")
     headers = [
         ("input", "computed per sequence"),
-        ("weights", "learned parameters"),
+        second,
         ("products", "computed from the input"),
         ("attention", "every head, side by side"),
     ]
     if attention_weights:  # narrower columns, shorter subtitles
         headers = [
             ("input", "per sequence"),
-            ("parameters", "learned"),
+            second,
             ("products", "from the input"),
             ("attention", "where to look"),
             ("output", "weighted values"),
@@ -264,11 +267,23 @@ def data_flow(
         head_strip(column[2], top + _BOX_HEIGHT, ROLE_COLOURS[role], h if role == "q" else h_kv, p_name)
         end = column[columns - 1] if role == "v" else column[3]
         arrow(column[2] + width, centre[i], end, centre[target[i]])
+    # What the strips are: the products' column blocks, one cell per head.
+    strips = (
+        f"strips: {h} heads × {d_k} columns"
+        if (h, d_k) == (h_kv, d_v)
+        else f"strips: {h} heads ($Q$), {h_kv} ($K$, $V$)"
+    )
+    ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
+            fontsize=FONT * 0.72, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
     if attention_weights:
         box(column[3], row_top(0.5), row_top(0.5) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "A",
             _shape(h, T, S), "A")  # fmt: skip
-        formula = r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$"  # under A: what makes it
-        ax.text(column[3] + width / 2, row_top(0.5) + _BOX_HEIGHT + 0.2, formula, ha="center", va="center",
+        below = row_top(0.5) + _BOX_HEIGHT
+        per_head = r"$(h, T, S)$: $T \times S$ per head"  # under A: how to read its shape
+        ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.72,
+                color=TEXT_COLOUR)  # fmt: skip
+        formula = r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$"  # and what makes it
+        ax.text(column[3] + width / 2, below + 0.42, formula, ha="center", va="center",
                 fontsize=FONT * 0.8, color=TEXT_COLOUR)  # fmt: skip
         arrow(column[3] + width, centre[0.5], column[4], centre[out_row])
     out_shape = _shape(T, f"{h}·{d_v}")
