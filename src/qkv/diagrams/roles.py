@@ -59,11 +59,12 @@ def data_flow(
     Not to scale: each object is a box with its name, its shape read from the
     objects passed, and (optionally) what a library calls it. The columns say
     which objects are computed for every input (the inputs and the products) and
-    which are the model's learned parameters (the weights). The arrows run from the
+    which are the operations, each with its learned weights (the model's
+    parameters). The arrows run from the
     input to the products, through a node for the operation (a library's name for
     it, or the product's formula); each weight matrix enters its operation from the
     side, a parameter, not something made from the input. The products are cut into
-    their heads' column blocks, drawn as a strip of h cells. In self-attention one
+    their heads' column blocks, drawn as a strip of h cells and labelled as heads. In self-attention one
     input X feeds all three operations; pass ``key`` (and ``value``) for
     cross-attention. With ``attention_weights=True`` a fifth column draws the
     attention weights, (h, T, S): only Q and K reach them ("where to look"), and V
