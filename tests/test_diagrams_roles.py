@@ -24,14 +24,24 @@ def test_self_attention_draws_one_input_three_weights_three_products_with_their_
     mha = qkv.MultiHeadAttention(12, 6, d_k=5, d_v=3, num_kv_heads=3)
     figure = qkv.diagrams.data_flow(torch.randn(2, 4, 12), mha)  # the first sequence's shape
     texts = texts_of(figure)
-    for shape in ("(4, 12)", "(12, 6·5)", "(12, 3·5)", "(12, 3·3)", "(4, 6·5)", "(4, 3·5)", "(4, 3·3)"):
+    for shape in ("(4, 12)", "(4, 6·5)", "(4, 3·5)", "(4, 3·3)"):
         assert shape in texts, shape
     assert "(4, 6·3)" in texts  # the heads' outputs side by side: h·d_v
     assert texts.count("$X$") == 1  # self-attention: one input feeds all three
-    for label in ("$W^Q$", "$W^K$", "$W^V$", "$Q$", "$K$", "$V$"):
-        assert label in texts
-    for header in ("input", "weights", "products", "learned parameters", "computed from the input"):
+    for label in ("$W^Q$ (12, 6·5)", "$W^K$ (12, 3·5)", "$W^V$ (12, 3·3)", "$Q$", "$K$", "$V$"):
+        assert label in texts, label
+    # the products' column blocks: 6 query heads, 3 key and value heads
+    assert [len(qkv.diagrams.patches_by_gid(figure, f"heads:{p}")) for p in "QKV"] == [6, 3, 3]
+    for header in (
+        "input",
+        "operations",
+        "with their learned weights",
+        "products",
+        "computed from the input",
+    ):
         assert header in texts
+    assert "parameters" not in texts  # the header sits over the operations too
+    assert "strips: 6 heads ($Q$), 3 ($K$, $V$)" in texts  # the strips' cells are heads
     for gid, role in (("W^Q", "q"), ("W^K", "k"), ("V", "v"), ("X", "x")):
         assert _edge(figure, gid) == ROLE_COLOURS[role].lower()
 
@@ -42,7 +52,7 @@ def test_cross_attention_draws_the_key_and_value_inputs_with_their_own_shapes():
     texts = texts_of(figure)
     for label, shape in (("$X$", "(3, 16)"), ("$X_K$", "(5, 10)"), ("$X_V$", "(5, 6)")):
         assert label in texts and shape in texts
-    assert "(10, 4·4)" in texts and "(6, 4·4)" in texts and "(5, 4·4)" in texts
+    assert "$W^K$ (10, 4·4)" in texts and "$W^V$ (6, 4·4)" in texts and "(5, 4·4)" in texts
 
 
 def test_library_names_are_written_under_their_boxes():
@@ -73,3 +83,101 @@ def test_the_figure_fits_the_column_and_prints_nothing(capsys):
     figure = qkv.diagrams.data_flow(torch.randn(5, 12), qkv.MultiHeadAttention(12, 3))
     assert figure.get_size_inches()[0] <= 7.0
     assert capsys.readouterr().out == ""
+
+
+def _arrows_into(figure, gid: str) -> int:
+    """How many arrows end on the left edge of the box ``gid``."""
+    (patch,) = qkv.diagrams.patches_by_gid(figure, gid)
+    left, top, height = patch.get_x(), patch.get_y(), patch.get_height()
+    (ax,) = figure.axes
+    ends = [a.xy for a in ax.texts if hasattr(a, "xy") and a.arrow_patch is not None]
+    return sum(abs(x - left) < 1e-9 and top <= y <= top + height for x, y in ends)
+
+
+def test_the_attention_weights_column_is_fed_by_q_and_k_only_and_v_goes_past_it():
+    # T = 4 queries and S = T keys, 3 heads: the weights are (h, T, S) = (3, 4, 4)
+    mha = qkv.MultiHeadAttention(12, 3, d_k=5, d_v=2)
+    x, code = torch.randn(4, 12), {"A": "attn_weights"}
+    figure = qkv.diagrams.data_flow(x, mha, attention_weights=True, code=code)
+    texts = texts_of(figure)
+    assert "$A$" in texts and "(3, 4, 4)" in texts and "attn_weights" in texts
+    assert "(4, 3·2)" in texts  # the output: h·d_v
+    assert "where to look" in texts
+    assert _edge(figure, "A") == ROLE_COLOURS["weights"].lower()
+    assert _arrows_into(figure, "A") == 2  # from Q and from K
+    assert _arrows_into(figure, "output") == 2  # from A and from V
+    assert figure.get_size_inches()[0] <= 7.0
+    plain = qkv.diagrams.data_flow(torch.randn(4, 12), mha)
+    assert "$A$" not in texts_of(plain) and _arrows_into(plain, "output") == 3
+
+
+def test_the_operations_are_named_on_their_arrows_and_long_names_break_to_fit():
+    mha = qkv.MultiHeadAttention(12, 3)
+    code = {"op^Q": "self.query", "op^V": "self.value", "Q": "query(hidden_states)"}
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, code=code)
+    texts = texts_of(figure)
+    assert "self.query" in texts and "self.value" in texts and "self.key" not in texts
+    assert "$XW^Q + b^Q$" in texts and "$XW^K + b^K$" not in texts
+    assert "query(\nhidden_states)" in texts  # broken after "(", not shrunk
+    assert "concat of $A_i V_i$" in texts  # the output is the heads side by side
+    (ax,) = figure.axes
+    sizes = [t.get_fontsize() for t in ax.texts if t.get_text().startswith("query(")]
+    assert min(sizes) >= 7.5
+    (w_q,), (q,) = (qkv.diagrams.patches_by_gid(figure, gid) for gid in ("W^Q", "Q"))
+    gap = q.get_x() - (w_q.get_x() + w_q.get_width())
+    assert gap >= 0.75 and figure.get_size_inches()[0] <= 7.0  # room for "self.query"
+
+
+def _arrow_ends(figure) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    (ax,) = figure.axes
+    return [(a.xyann, a.xy) for a in ax.texts if hasattr(a, "xy") and a.arrow_patch is not None]
+
+
+def _inside(point: tuple[float, float], patch) -> bool:
+    x, y = point
+    return patch.get_x() - 1e-9 <= x <= patch.get_x() + patch.get_width() + 1e-9 and (
+        patch.get_y() - 1e-9 <= y <= patch.get_y() + patch.get_height() + 1e-9
+    )
+
+
+def test_the_input_feeds_the_operations_and_the_weights_enter_them_from_the_side():
+    # The parameters are not made from X: no arrow runs from X into W^Q; X's arrows end
+    # on the operations, and each W's one arrow ends on its own operation.
+    code = {"op^Q": "self.query", "op^K": "self.key", "op^V": "self.value"}
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), qkv.MultiHeadAttention(12, 3), code=code)
+    ends = _arrow_ends(figure)
+    (x_box,) = qkv.diagrams.patches_by_gid(figure, "X")
+    from_x = [end for start, end in ends if _inside(start, x_box)]
+    assert len(from_x) == 3
+    for role in "QKV":
+        gids = (f"W^{role}", f"op^{role}", role)
+        (w_box,), (op,), (product,) = (qkv.diagrams.patches_by_gid(figure, g) for g in gids)
+        assert not any(_inside(end, w_box) for _, end in ends)  # nothing flows into a weight
+        assert sum(_inside(end, op) for end in from_x) == 1  # X -> the operation
+        (w_end,) = [end for start, end in ends if _inside(start, w_box)]
+        assert _inside(w_end, op)  # W^Q enters self.query
+        assert any(_inside(start, op) and _inside(end, product) for start, end in ends)  # -> Q
+    assert "self.query" in texts_of(figure) and "$XW^Q + b^Q$" in texts_of(figure)
+
+
+def test_the_attention_weights_are_labelled_with_their_formula():
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), qkv.MultiHeadAttention(12, 3), attention_weights=True,
+                                    code={"A": "attn_weights"})  # fmt: skip
+    texts = texts_of(figure)
+    assert r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$" in texts and "concat of $A_i V_i$" in texts
+
+
+def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_heads():
+    # The second column's header says it holds operations with their learned
+    # weights, not parameters alone; the strips are labelled heads,
+    # and A's shape is read as one T x S matrix per head.
+    code = {"op^Q": "self.query", "op^K": "self.key", "op^V": "self.value", "A": "attn_weights"}
+    mha = qkv.MultiHeadAttention(12, 3)  # d_k = d_v = 4
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, code=code)
+    texts = texts_of(figure)
+    assert "operations" in texts and "with their learned weights" in texts
+    assert "parameters" not in texts and "learned" not in texts  # not over the operations
+    assert "strips: 3 heads × 4 columns" in texts
+    assert r"$(h, T, S)$: $T \times S$ per head" in texts and "(3, 4, 4)" in texts
+    plain = texts_of(qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True))
+    assert "operations" in plain and "$XW^Q$" in plain  # unnamed, the node shows its formula

@@ -236,7 +236,7 @@ def attention(
     See Also
     --------
     fused_attention : the same computation through PyTorch's fused kernel.
-    :doc:`terminology` : what Q, K and V are, and the equation computed step by step.
+    :doc:`terminology` : what Q, K and V are; :doc:`terminology/walk-through`, step by step.
 
     Examples
     --------

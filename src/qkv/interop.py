@@ -340,7 +340,7 @@ def from_bert(module: Any) -> HeadWeights:
 
     See Also
     --------
-    :doc:`terminology` : BERT's attention computed by hand, section "One sentence, step by step".
+    :doc:`terminology/walk-through` : BERT's attention computed by hand, step by step.
 
     Examples
     --------

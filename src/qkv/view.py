@@ -8,9 +8,8 @@ sandboxed to scripts only, and with several views on one page.
 
 See also
 --------
-The chapters' views: BERT's twelve heads in :doc:`terminology`, a model before and
-after training in :doc:`training`, and a trained decoder's cross-attention in
-:doc:`cross_attention`.
+The chapters' views: a model before and after training in :doc:`training`, and a
+trained decoder's cross-attention in :doc:`cross_attention`.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_views_in_the_book(open_page, relative: str, width: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("relative", "dark"), [("book/api.html", True), ("book/terminology.html", False)]
+    ("relative", "dark"), [("book/api.html", True), ("book/cross_attention.html", False)]
 )
 def test_the_view_takes_the_colours_of_its_background(open_page, relative: str, dark: bool) -> None:
     """In the book's dark mode, a view on the page's dark background takes the lighter head
@@ -185,10 +185,6 @@ def test_the_view_takes_the_colours_of_its_background(open_page, relative: str, 
 
 def test_what_the_chapters_say_their_views_show(open_page) -> None:
     """The prose's promises that only the browser can check."""
-    page, _ = open_page("book/terminology.html")
-    _wait_ready(page, page.locator(VIEW).count())
-    bert = page.locator(VIEW).first
-    assert bert.locator("label:has-text('head') select").input_value() == "0", "BERT's view opens on head 0"
     page, _ = open_page("book/training.html")
     _wait_ready(page, page.locator(VIEW).count())
     recall = page.locator(VIEW).first

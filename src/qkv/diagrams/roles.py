@@ -2,7 +2,7 @@
 
 See also
 --------
-The chapter :doc:`terminology` (book/terminology.ipynb).
+The chapter :doc:`terminology` (book/terminology.ipynb), which draws the attention weights too.
 """
 
 from __future__ import annotations
@@ -27,12 +27,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["data_flow"]
 
-#: The names ``code`` may give a library name to.
-NAMES = ("X", "X_K", "X_V", "W^Q", "W^K", "W^V", "Q", "K", "V", "output")
+#: The names ``code`` may give a library name to; ``op^Q`` (and K, V) is the operation
+#: that applies W^Q and its bias, the node on the arrow from X to Q that W^Q enters.
+NAMES = ("X", "X_K", "X_V", "W^Q", "W^K", "W^V", "op^Q", "op^K", "op^V", "Q", "K", "V", "A", "output")
 
-# Inches: the figure's width, a column's width and the gap between columns.
+# Inches: the figure's width, a column's width and the gap between columns (four
+# columns; five, with the attention weights, are narrower).
 _WIDTH, _BOX, _GAP = 7.0, 1.45, 0.28
-_ROW, _BOX_HEIGHT = 0.95, 0.78  # a row's height and a box's
+_BOX5, _GAP5 = 1.18, 0.26
+_BOX_OP, _GAP_OP = 1.08, 0.2  # five columns with the operations named: a wider gap W -> product
+_OP_GAP = 0.8
+_ROW, _BOX_HEIGHT = 1.12, 0.94  # a row's height and a box's
+_PARAM_HEIGHT, _NODE_TOP, _NODE_HEIGHT = 0.42, 0.55, 0.36  # in a row, from its box's top
 
 
 def _shape(*sizes: int | str) -> str:
@@ -46,15 +52,23 @@ def data_flow(
     key: object | None = None,
     value: object | None = None,
     code: Mapping[str, str] | None = None,
+    attention_weights: bool = False,
 ) -> Figure:
-    """Input, learned weights and products, in four columns: X → W^Q, W^K, W^V → Q, K, V → attention.
+    """Input, learned weights and products: X → (X W^Q + b^Q, W^Q entering from the side) → Q → attention.
 
     Not to scale: each object is a box with its name, its shape read from the
     objects passed, and (optionally) what a library calls it. The columns say
     which objects are computed for every input (the inputs and the products) and
-    which are the model's learned parameters (the weights). In self-attention one
-    input X feeds all three weight matrices; pass ``key`` (and ``value``) for
-    cross-attention.
+    which are the operations, each with its learned weights (the model's
+    parameters). The arrows run from the
+    input to the products, through a node for the operation (a library's name for
+    it, or the product's formula); each weight matrix enters its operation from the
+    side, a parameter, not something made from the input. The products are cut into
+    their heads' column blocks, drawn as a strip of h cells and labelled as heads. In self-attention one
+    input X feeds all three operations; pass ``key`` (and ``value``) for
+    cross-attention. With ``attention_weights=True`` a fifth column draws the
+    attention weights, (h, T, S): only Q and K reach them ("where to look"), and V
+    goes past them to the output ("what to hand over").
 
     Parameters
     ----------
@@ -67,7 +81,13 @@ def data_flow(
     code : mapping of str to str, optional
         A library's name for some of the objects, written under their boxes: keys
         among ``"X"``, ``"X_K"``, ``"X_V"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``,
-        ``"Q"``, ``"K"``, ``"V"`` and ``"output"``.
+        ``"Q"``, ``"K"``, ``"V"``, ``"A"`` (the attention weights) and ``"output"``;
+        ``"op^Q"``, ``"op^K"``, ``"op^V"`` name the operation that applies W^Q and
+        its bias (W^K, W^V), written in its node on the arrow from the input, with
+        X W^Q + b^Q on the arrow to the product (BERT's ``self.query``).
+    attention_weights : bool, default False
+        Draw the attention weights, head i's softmax(Q_i K_iᵀ / √d_k), between the
+        products and the output.
 
     Returns
     -------
@@ -78,8 +98,8 @@ def data_flow(
     >>> import torch, qkv
     >>> mha = qkv.MultiHeadAttention(12, 3)
     >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha)
-    >>> [t for t in qkv.diagrams.texts_of(figure) if t.startswith("(")][:3]
-    ['(5, 12)', '(12, 3·4)', '(5, 3·4)']
+    >>> [t for t in qkv.diagrams.texts_of(figure) if "(" in t][:3]
+    ['(5, 12)', '$W^Q$ (12, 3·4)', '(5, 3·4)']
     """
     require_matplotlib()
     from matplotlib.figure import Figure
@@ -105,24 +125,41 @@ def data_flow(
         ("v", "W^V", _shape(weights.vdim, f"{h_kv}·{d_v}"), "V", _shape(S, f"{h_kv}·{d_v}")),
     ]
 
-    height = 0.75 + 3 * _ROW + 0.1
+    height = 0.75 + 3 * _ROW + 0.25  # room under the products for their strips' label
     figure = Figure(figsize=(_WIDTH, height), dpi=100)
     ax: Axes = figure.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(0, _WIDTH)
     ax.set_ylim(height, 0)  # y grows downwards: Q on top
     ax.axis("off")
-    left = (_WIDTH - 4 * _BOX - 3 * _GAP) / 2
-    column = [left + i * (_BOX + _GAP) for i in range(4)]
+    columns, width, gap = (5, _BOX5, _GAP5) if attention_weights else (4, _BOX, _GAP)
+    operations = any(f"op^{r}" in names for r in "QKV")
+    gaps = [gap] * (columns - 1)
+    if operations:  # room on the arrow W -> product for the operation's name
+        width, gaps = (_BOX_OP if attention_weights else _BOX), [_GAP_OP] * (columns - 1)
+        gaps[1] = _OP_GAP
+    left = (_WIDTH - columns * width - sum(gaps)) / 2
+    column = [left + i * width + sum(gaps[:i]) for i in range(columns)]
+    # The second column holds the operations (X -> X W^Q + b^Q), each with its learned
+    # weights entering from above: a header over both, not "parameters" alone.
+    second = ("operations", "with their learned weights")
     headers = [
         ("input", "computed per sequence"),
-        ("weights", "learned parameters"),
+        second,
         ("products", "computed from the input"),
         ("attention", "every head, side by side"),
     ]
+    if attention_weights:  # narrower columns, shorter subtitles
+        headers = [
+            ("input", "per sequence"),
+            second,
+            ("products", "from the input"),
+            ("attention", "where to look"),
+            ("output", "weighted values"),
+        ]
     for x0, (title, subtitle) in zip(column, headers, strict=True):
-        ax.text(x0 + _BOX / 2, 0.2, title, ha="center", va="center", fontsize=FONT, weight="bold",
+        ax.text(x0 + width / 2, 0.2, title, ha="center", va="center", fontsize=FONT, weight="bold",
                 color=TEXT_COLOUR)  # fmt: skip
-        ax.text(x0 + _BOX / 2, 0.45, subtitle, ha="center", va="center", fontsize=FONT * 0.75,
+        ax.text(x0 + width / 2, 0.45, subtitle, ha="center", va="center", fontsize=FONT * 0.75,
                 color=TEXT_COLOUR)  # fmt: skip
 
     def row_top(i: float) -> float:
@@ -133,41 +170,125 @@ def data_flow(
         from matplotlib.patches import FancyBboxPatch
 
         ax.add_patch(
-            FancyBboxPatch((x0, top), _BOX, bottom - top, boxstyle="round,pad=0,rounding_size=0.06",
+            FancyBboxPatch((x0, top), width, bottom - top, boxstyle="round,pad=0,rounding_size=0.06",
                            facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=gid)
         )  # fmt: skip
         middle = (top + bottom) / 2
         title = label if label == "output" else math(label)
-        lines: list[tuple[str, float, str | None]] = [(title, FONT * 1.05, None), (shape, FONT * 0.85, None)]
-        if gid in names:
-            lines.append((names[gid], FONT * 0.75, "monospace"))
-        elif gid == "output":
+        lines: list[tuple[str, float, str | None]] = [(title, FONT * 1.25, None), (shape, FONT * 0.85, None)]
+        if gid in names:  # a library's name, smaller where it would overflow the box
+            name = names[gid]
+            fits = (width - 0.1) * 72 / (0.6 * len(name))  # monospace: 0.6 em a letter
+            if fits < FONT * 0.7 and "(" in name:  # too small: break after the "("
+                name = name.replace("(", "(\n", 1)
+                fits = (width - 0.1) * 72 / (0.6 * max(len(part) for part in name.split("\n")))
+            lines.append((name, min(FONT * 0.75, fits), "monospace"))
+        elif gid == "output" and not attention_weights:
             lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})\,V_i$", FONT * 0.75, None))
-        offsets = {1: [0.0], 2: [-0.12, 0.13], 3: [-0.22, 0.02, 0.24]}[len(lines)]
+        elif gid == "output":
+            lines.append((r"concat of $A_i V_i$", FONT * 0.7, None))
+        offsets = {1: [0.0], 2: [-0.14, 0.14], 3: [-0.26, 0.0, 0.24]}[len(lines)]
+        if "\n" in lines[-1][0]:  # a name on two lines: everything a little higher
+            offsets = [-0.3, -0.08, 0.17]  # clear of the heads' strip
         for (text, size, family), offset in zip(lines, offsets, strict=True):
-            ax.text(x0 + _BOX / 2, middle + offset, text, ha="center", va="center", fontsize=size,
+            ax.text(x0 + width / 2, middle + offset, text, ha="center", va="center", fontsize=size,
                     color=TEXT_COLOUR, family=family)  # fmt: skip
+
+    def param(x0: float, top: float, colour: str, label: str, shape: str) -> None:
+        """A parameter: a short box above its operation, its name and shape on one line."""
+        from matplotlib.colors import to_rgba
+        from matplotlib.patches import FancyBboxPatch
+
+        ax.add_patch(
+            FancyBboxPatch((x0, top), width, _PARAM_HEIGHT, boxstyle="round,pad=0,rounding_size=0.05",
+                           facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=label)
+        )  # fmt: skip
+        lines: list[tuple[str, float, str | None]] = [(f"{math(label)} {shape}", FONT * 0.8, None)]
+        if label in names:
+            name = names[label]
+            lines.append((name, min(FONT * 0.75, (width - 0.1) * 72 / (0.6 * len(name))), "monospace"))
+        offsets = [0.0] if len(lines) == 1 else [-0.09, 0.1]
+        for (text, size, family), offset in zip(lines, offsets, strict=True):
+            ax.text(x0 + width / 2, top + _PARAM_HEIGHT / 2 + offset, text, ha="center", va="center",
+                    fontsize=size, color=TEXT_COLOUR, family=family)  # fmt: skip
+
+    def operation_node(x0: float, top: float, colour: str, label: str, product: str) -> None:
+        """The operation on the arrow from the input to its product: white, outlined."""
+        from matplotlib.patches import FancyBboxPatch
+
+        ax.add_patch(
+            FancyBboxPatch((x0, top), width, _NODE_HEIGHT, boxstyle="round,pad=0,rounding_size=0.15",
+                           facecolor="white", edgecolor=colour, linewidth=1.2, gid=f"op^{product}")
+        )  # fmt: skip
+        family = None if label.startswith("$") else "monospace"
+        size = FONT * 0.85 if family is None else min(FONT * 0.8, (width - 0.1) * 72 / (0.6 * len(label)))
+        ax.text(x0 + width / 2, top + _NODE_HEIGHT / 2, label, ha="center", va="center", fontsize=size,
+                color=TEXT_COLOUR, family=family)  # fmt: skip
+
+    def head_strip(x0: float, bottom: float, colour: str, count: int, product: str) -> None:
+        """The product's column blocks, one cell per head, along the bottom of its box."""
+        from matplotlib.colors import to_rgba
+        from matplotlib.patches import Rectangle
+
+        left, right, strip = x0 + 0.08, x0 + width - 0.08, 0.07
+        cell = (right - left) / count
+        for j in range(count):
+            ax.add_patch(Rectangle((left + j * cell, bottom - 0.06 - strip), cell, strip,
+                                   facecolor=to_rgba(colour, 0.55 if j % 2 == 0 else 0.25),
+                                   edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
                     arrowprops={"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0,
                                 "shrinkA": 0, "shrinkB": 0})  # fmt: skip
 
-    centre = {i: row_top(i) + _BOX_HEIGHT / 2 for i in range(3)}
+    centre = {i: row_top(i) + _BOX_HEIGHT / 2 for i in (0, 0.5, 1, 1.5, 2)}
+    node = {i: row_top(i) + _NODE_TOP + _NODE_HEIGHT / 2 for i in (0, 1, 2)}  # the arrow's height
     for name, tensor, fed in inputs:
         top, bottom = row_top(min(fed)), row_top(max(fed)) + _BOX_HEIGHT
         if len(fed) == 3:  # one X for the three rows: a box of one row's height, in the middle
             top, bottom = row_top(1), row_top(1) + _BOX_HEIGHT
         box(column[0], top, bottom, ROLE_COLOURS["x"], name, _shape(*tensor.shape), name)
-        for i in fed:
-            arrow(column[0] + _BOX, (top + bottom) / 2, column[1], centre[i])
+        for i in fed:  # into the operation, not into the weights
+            arrow(column[0] + width, (top + bottom) / 2, column[1], node[i])
+    # Where each product goes, and the row the output sits in.
+    target, out_row = ({0: 0.5, 1: 0.5, 2: 1.5}, 1.5) if attention_weights else ({0: 1, 1: 1, 2: 1}, 1)
     for i, (role, w_name, w_shape, p_name, p_shape) in enumerate(rows):
         top = row_top(i)
-        box(column[1], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], w_name, w_shape, w_name)
-        arrow(column[1] + _BOX, centre[i], column[2], centre[i])
+        param(column[1], top, ROLE_COLOURS[role], w_name, w_shape)
+        operation = names.get(f"op^{p_name}")
+        node_top = top + _NODE_TOP
+        operation_node(column[1], node_top, ROLE_COLOURS[role], operation or math(f"XW^{p_name}"), p_name)
+        arrow(column[1] + width / 2, top + _PARAM_HEIGHT, column[1] + width / 2, node_top)  # W enters
+        arrow(column[1] + width, node[i], column[2], node[i])
+        middle = (column[1] + width + column[2]) / 2
+        ax.text(middle, node[i] - 0.13, math(f"XW^{p_name} + b^{p_name}") if operation else "", ha="center",
+                va="center", fontsize=FONT * 0.75, color=TEXT_COLOUR)  # fmt: skip
         box(column[2], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], p_name, p_shape, p_name)
-        arrow(column[2] + _BOX, centre[i], column[3], centre[1])
+        head_strip(column[2], top + _BOX_HEIGHT, ROLE_COLOURS[role], h if role == "q" else h_kv, p_name)
+        end = column[columns - 1] if role == "v" else column[3]
+        arrow(column[2] + width, centre[i], end, centre[target[i]])
+    # What the strips are: the products' column blocks, one cell per head.
+    strips = (
+        f"strips: {h} heads × {d_k} columns"
+        if (h, d_k) == (h_kv, d_v)
+        else f"strips: {h} heads ($Q$), {h_kv} ($K$, $V$)"
+    )
+    ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
+            fontsize=FONT * 0.72, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
+    if attention_weights:
+        box(column[3], row_top(0.5), row_top(0.5) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "A",
+            _shape(h, T, S), "A")  # fmt: skip
+        below = row_top(0.5) + _BOX_HEIGHT
+        per_head = r"$(h, T, S)$: $T \times S$ per head"  # under A: how to read its shape
+        ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.72,
+                color=TEXT_COLOUR)  # fmt: skip
+        formula = r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$"  # and what makes it
+        ax.text(column[3] + width / 2, below + 0.42, formula, ha="center", va="center",
+                fontsize=FONT * 0.8, color=TEXT_COLOUR)  # fmt: skip
+        arrow(column[3] + width, centre[0.5], column[4], centre[out_row])
     out_shape = _shape(T, f"{h}·{d_v}")
-    box(column[3], row_top(1), row_top(1) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "output", out_shape,
-        "output")  # fmt: skip
+    top = row_top(out_row)
+    colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
+    box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "output", out_shape, "output")
     return figure
