@@ -315,7 +315,7 @@ SIDEBAR_SHOWN_JS = """
 }
 """
 # How long a panel may take to open or close (the theme animates it in about 0.3 s).
-SETTLE_MS = 2_000
+SETTLE_MS = 1_000
 
 
 def _click_visible(page: Any, selector: str) -> bool:
