@@ -45,6 +45,25 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["causal_leak", "largest_weight_curves", "mask_conventions", "softmax_axes", "softmax_rows"]
 
+
+def _boolean_matrix(name: str, value: object, expected: str, *, square: bool = False) -> torch.Tensor:
+    """``value`` as a boolean matrix on the CPU, or a ValueError naming ``name``, its shape and dtype."""
+    fits = (
+        isinstance(value, torch.Tensor)
+        and value.dtype == torch.bool
+        and value.dim() == 2
+        and (not square or value.shape[0] == value.shape[1])
+    )
+    if not fits:
+        got = (
+            f"shape {shape_str(value.shape)}, dtype {value.dtype}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        raise ValueError(f"{name} must be {expected}, True = may attend; got {got}")
+    assert isinstance(value, torch.Tensor)  # for the type checker
+    return value.detach().cpu()
+
 #: The colour of a cell that holds NaN: black, never a weight's or a key's colour.
 NAN_COLOUR = "#000000"
 
@@ -358,14 +377,7 @@ def mask_conventions(
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
-    if not isinstance(may_attend, torch.Tensor) or may_attend.dtype != torch.bool or may_attend.dim() != 2:
-        got = (
-            f"shape {shape_str(may_attend.shape)}, dtype {may_attend.dtype}"
-            if isinstance(may_attend, torch.Tensor)
-            else type(may_attend).__name__
-        )
-        raise ValueError(f"may_attend must be a boolean tensor (B, S), True = may attend; got {got}")
-    allowed = may_attend.detach().cpu()
+    allowed = _boolean_matrix("may_attend", may_attend, "a boolean tensor (B, S)")
     B, S = allowed.shape
     panels: list[tuple[str, str, list[list[str]], torch.Tensor]] = [
         (
@@ -504,19 +516,7 @@ def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None)
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
-    if (
-        not isinstance(allowed, torch.Tensor)
-        or allowed.dtype != torch.bool
-        or allowed.dim() != 2
-        or allowed.shape[0] != allowed.shape[1]
-    ):
-        got = (
-            f"shape {shape_str(allowed.shape)}, dtype {allowed.dtype}"
-            if isinstance(allowed, torch.Tensor)
-            else type(allowed).__name__
-        )
-        raise ValueError(f"allowed must be a square boolean tensor (T, T), True = may attend; got {got}")
-    grid = allowed.detach().cpu()
+    grid = _boolean_matrix("allowed", allowed, "a square boolean tensor (T, T)", square=True)
     T = grid.shape[0]
     if not 0 <= column < T:
         raise ValueError(f"column must be a key position from 0 to {T - 1}, got {column}")
