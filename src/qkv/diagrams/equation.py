@@ -46,6 +46,17 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["causal_leak", "largest_weight_curves", "mask_conventions", "softmax_axes", "softmax_rows"]
 
 
+def _key_grid(ax: Axes, rows: int, columns: int, row_label: str) -> None:
+    """Square cells centred on whole numbers, row 0 at the top, columns the key positions s."""
+    ax.set_xlim(-0.5, columns - 0.5)
+    ax.set_ylim(rows - 0.5, -0.5)
+    ax.set_aspect("equal")
+    ax.set_xticks(range(columns))
+    ax.set_yticks(range(rows))
+    ax.tick_params(labelsize=FONT - 3, length=0)
+    ax.set_xlabel("key position s", fontsize=FONT - 2)
+    ax.set_ylabel(row_label, fontsize=FONT - 2)
+
 def _boolean_matrix(name: str, value: object, expected: str, *, square: bool = False) -> torch.Tensor:
     """``value`` as a boolean matrix on the CPU, or a ValueError naming ``name``, its shape and dtype."""
     fits = (
@@ -451,15 +462,8 @@ def mask_conventions(
                 colours[-1].append(colour)
                 hatched[-1].append(not is_open and not is_nan)
         register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
-        ax.set_xlim(-0.5, S - 0.5)
-        ax.set_ylim(B - 0.5, -0.5)
-        ax.set_aspect("equal")
-        ax.set_xticks(range(S))
-        ax.set_yticks(range(B))
-        ax.tick_params(labelsize=FONT - 3, length=0)
+        _key_grid(ax, B, S, "sequence")
         ax.set_title(heading, fontsize=FONT - 2)
-        ax.set_xlabel("key position s", fontsize=FONT - 2)
-        ax.set_ylabel("sequence", fontsize=FONT - 2)
     legend = [
         Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["k"], edgecolor=EDGE_COLOUR, label="a key it may use"),
         Rectangle(
@@ -555,14 +559,7 @@ def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None)
             hatched[-1].append(not is_open)
             text[-1].append(mark)
     register_cells(figure, "leak", Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
-    ax.set_xlim(-0.5, T - 0.5)
-    ax.set_ylim(T - 0.5, -0.5)
-    ax.set_aspect("equal")
-    ax.set_xticks(range(T))
-    ax.set_yticks(range(T))
-    ax.tick_params(labelsize=FONT - 3, length=0)
-    ax.set_xlabel("key position s", fontsize=FONT - 2)
-    ax.set_ylabel("query position t", fontsize=FONT - 2)
+    _key_grid(ax, T, T, "query position t")
     legend = [
         Rectangle(
             (0, 0),
