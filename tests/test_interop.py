@@ -232,6 +232,9 @@ def test_from_keras_matches_keras_outputs_weights_and_gradients(use_bias, kind):
         query=keras_inputs[0], value=keras_inputs[2], key=keras_inputs[1],
         attention_mask=keep, return_attention_scores=True,
     )  # fmt: skip
+    # Keras's torch backend computes on the GPU where there is one; from_keras reads the
+    # weights to the CPU (its contract), where `x` and the module are.
+    expected, expected_weights = expected.to(x.device), expected_weights.to(x.device)
     hw = interop.from_keras(layer)
     assert (hw.d_k, hw.d_v, hw.kdim, hw.vdim, hw.bias) == (4, 5, KDIM, VDIM, use_bias)
     module = qkv.MultiHeadAttention.from_heads(hw)  # d_k·h != embed_dim is fine for qkv
