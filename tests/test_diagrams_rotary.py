@@ -68,7 +68,8 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     assert boxes["R_s"].get_edgecolor()[:3] == matplotlib.colors.to_rgb(ROLE_COLOURS["k"])
     assert boxes["no-rotation"].get_linestyle() == "--"
     texts = qkv.diagrams.texts_of(figure)
-    assert {"(5, 12)", "(12, 3×4)", "row t of (5, 4)", "no turn"} <= set(texts)
+    assert {"(5, 12)", "(12, 3×4)", "t = 0…4, size 4", "no turn", "output (5, 12)"} <= set(texts)
+    assert not any(text.startswith("row ") for text in texts)  # columns only: R_t q_t
     score = r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"
     rotated = {r"$\tilde q_t = R_t q_t$", r"$\tilde k_s = R_s k_s$", score}
     assert rotated <= set(texts)  # the rotated query and key have their own symbols

@@ -335,7 +335,8 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     into ``k̃_s``; the two meet in the score ``q̃_tᵀ k̃_s / √d_k``, whose softmax
     weights ``a_ts`` (over the keys s ≤ t under a causal mask, the second place
     position enters) average the value row, which has no rotation box (a dashed gap
-    instead). Then ``W^O``. Shapes are read from the objects passed.
+    instead). Then ``W^O``, whose box also gives the layer's output shape (T, d_model).
+    Every vector is a column (``R_t q_t``); shapes are read from the objects passed.
 
     Parameters
     ----------
@@ -412,17 +413,17 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         style = {"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 0, "shrinkB": 0}
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=style)
 
-    headers = ["input", "weights", "position", "one head", "attention", "output"]
+    headers = ["input", "weights", "position", "one head", "attention", "projection"]
     for c, header in enumerate(headers):
         ax.text(column[c] + box_w / 2, 0.17, header, ha="center", va="center", fontsize=FONT * 0.8,
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
         ("q", "W^Q", f"{h}×{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
-         [r"$\tilde q_t = R_t q_t$", f"row t of ({T}, {d_k})"]),
+         [r"$\tilde q_t = R_t q_t$", f"t = 0…{T - 1}, size {d_k}"]),
         ("k", "W^K", f"{h_kv}×{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
-         [r"$\tilde k_s = R_s k_s$", f"row s of ({T}, {d_k})"]),
-        ("v", "W^V", f"{h_kv}×{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"row s of ({T}, {d_v})"]),
+         [r"$\tilde k_s = R_s k_s$", f"s = 0…{T - 1}, size {d_k}"]),
+        ("v", "W^V", f"{h_kv}×{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"s = 0…{T - 1}, size {d_v}"]),
     ]  # fmt: skip
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
         colour = ROLE_COLOURS[role]
@@ -443,7 +444,8 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     arrow(column[3] + box_w, middle[2], column[4], middle[2])
     arrow(column[4] + box_w / 2, top[1] + box_h, column[4] + box_w / 2, top[2])
     arrow(column[4] + box_w, middle[2], column[5], middle[2])
-    box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], ["$W^O$", f"({h}×{d_v}, {d_model})"], "output")
+    out_lines = ["$W^O$", f"({h}×{d_v}, {d_model})", f"output ({T}, {d_model})"]  # heads joined, then W^O
+    box(5, top[2], top[2] + box_h, ROLE_COLOURS["o"], out_lines, "output")
     return figure
 
 
