@@ -1,4 +1,4 @@
-"""qkv.diagrams.softmax_rows, softmax_axes and mask_conventions: what is drawn is what was computed."""
+"""qkv.diagrams.softmax_rows, softmax_axes, mask_conventions, empty_rows: drawn = computed."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     (legend,) = figure.legends
     assert [text.get_text() for text in legend.get_texts()] == ["a key it may use", "blocked", "NaN"]
     assert "query 0's weights" in figure.axes[3].get_title()
-    assert figure.axes[3].get_title().startswith("Not a convention")
+    assert figure.axes[3].get_title().startswith("Mistake")
+    assert "SDPA's rule" in figure.axes[2].get_title()  # 1/0 is SDPA's convention
 
 
 def test_mask_conventions_checks_its_inputs():
@@ -116,3 +117,31 @@ def test_causal_leak_marks_one_column_sum_and_the_last_query():
         qkv.diagrams.causal_leak(torch.ones(3, 4, dtype=torch.bool), column=0)
     with pytest.raises(ValueError, match="from 0 to 3"):
         qkv.diagrams.causal_leak(qkv.causal_mask(4), column=4)
+
+
+def test_empty_rows_frames_each_row_with_no_key():
+    left = torch.tensor([False, False, True, True])  # (S,): two pads on the left
+    combined = left & qkv.causal_mask(4)  # (T, S), True = may attend
+    fixed = combined | ~combined.any(-1, keepdim=True)  # empty rows see every key
+    figure = qkv.diagrams.empty_rows({"left + causal": combined, "fixed": fixed}, title="look")
+    assert cells(figure, "left + causal").hatched == (~combined).tolist()
+    assert cells(figure, "fixed").hatched == (~fixed).tolist()
+    framed = [p.get_gid() for p in patches_by_gid(figure, "left + causal:empty:0")]
+    assert framed == ["left + causal:empty:0"]
+    assert patches_by_gid(figure, "left + causal:empty:1") and not patches_by_gid(
+        figure, "left + causal:empty:2"
+    )
+    assert not any(patches_by_gid(figure, f"fixed:empty:{t}") for t in range(4))
+    assert [ax.get_title() for ax in figure.axes] == ["left + causal", "fixed"]
+    assert all(ax.get_ylabel() == "query position t" for ax in figure.axes)
+
+
+def test_empty_rows_checks_its_inputs():
+    with pytest.raises(ValueError, match="at least one"):
+        qkv.diagrams.empty_rows({})
+    with pytest.raises(ValueError, match="boolean tensor"):
+        qkv.diagrams.empty_rows({"a": torch.ones(2, 3)})
+    with pytest.raises(ValueError, match="share one shape"):
+        qkv.diagrams.empty_rows(
+            {"a": torch.ones(2, 3, dtype=torch.bool), "b": torch.ones(3, 3, dtype=torch.bool)}
+        )

@@ -21,6 +21,7 @@ from qkv.diagrams._draw import (
 from qkv.diagrams.backward import backward_paths
 from qkv.diagrams.equation import (
     causal_leak,
+    empty_rows,
     largest_weight_curves,
     mask_conventions,
     softmax_axes,
@@ -44,6 +45,7 @@ __all__ = [
     "cross_attention",
     "data_flow",
     "decoding_step",
+    "empty_rows",
     "heads_from_one_matrix",
     "largest_weight_curves",
     "mask_conventions",

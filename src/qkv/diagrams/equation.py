@@ -11,6 +11,8 @@
 - :func:`mask_conventions`: one padded batch's mask written in each library's
   convention, and what a query's weights become when one library's mask is handed
   to another.
+- :func:`empty_rows`: combined (T, S) masks side by side, each query row with no
+  key left framed: where a padded batch's NaN comes from.
 
 See also
 --------
@@ -43,7 +45,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
-__all__ = ["causal_leak", "largest_weight_curves", "mask_conventions", "softmax_axes", "softmax_rows"]
+__all__ = [
+    "causal_leak",
+    "empty_rows",
+    "largest_weight_curves",
+    "mask_conventions",
+    "softmax_axes",
+    "softmax_rows",
+]
 
 
 def _key_grid(ax: Axes, rows: int, columns: int, row_label: str) -> None:
@@ -56,6 +65,7 @@ def _key_grid(ax: Axes, rows: int, columns: int, row_label: str) -> None:
     ax.tick_params(labelsize=FONT - 3, length=0)
     ax.set_xlabel("key position s", fontsize=FONT - 2)
     ax.set_ylabel(row_label, fontsize=FONT - 2)
+
 
 def _boolean_matrix(name: str, value: object, expected: str, *, square: bool = False) -> torch.Tensor:
     """``value`` as a boolean matrix on the CPU, or a ValueError naming ``name``, its shape and dtype."""
@@ -74,6 +84,7 @@ def _boolean_matrix(name: str, value: object, expected: str, *, square: bool = F
         raise ValueError(f"{name} must be {expected}, True = may attend; got {got}")
     assert isinstance(value, torch.Tensor)  # for the type checker
     return value.detach().cpu()
+
 
 #: The colour of a cell that holds NaN: black, never a weight's or a key's colour.
 NAN_COLOUR = "#000000"
@@ -344,9 +355,10 @@ def mask_conventions(
     """One padded batch's key mask in each library's convention, and a query's weights when it is inverted.
 
     One row per sequence, one cell per key. Three panels write the same mask three
-    ways: ``F.scaled_dot_product_attention`` and ``qkv`` (``True`` = may attend),
-    ``nn.MultiheadAttention``'s ``key_padding_mask`` (``True`` = blocked) and Hugging
-    Face's ``attention_mask`` (1 = a real token). A cell the mask blocks is white and
+    ways, in two conventions: ``F.scaled_dot_product_attention`` and ``qkv``
+    (``True`` = may attend), ``nn.MultiheadAttention``'s ``key_padding_mask``
+    (``True`` = blocked), and Hugging Face's ``attention_mask`` (1 = a real token:
+    SDPA's convention written as 1 and 0). A cell the mask blocks is white and
     hatched; a cell a query may use is coloured as a key. With ``weights``, a fourth
     panel draws one query's weights after the first panel's mask was handed, as it
     is, to ``nn.MultiheadAttention``: the blocks fall on the real tokens, and a
@@ -405,7 +417,7 @@ def mask_conventions(
         ),
         (
             "hugging face",
-            "Hugging Face attention_mask:\n1 = real token",
+            "Hugging Face attention_mask:\n1 = real token (SDPA's rule, as 1/0)",
             [["1" if a else "0" for a in row] for row in allowed.tolist()],
             allowed,
         ),
@@ -420,8 +432,7 @@ def mask_conventions(
         panels.append(
             (
                 "inverted",
-                "Not a convention: True = may attend,\nhanded to nn.MultiheadAttention;\n"
-                "query 0's weights, averaged over heads",
+                "Mistake: the first mask handed to\nnn.MultiheadAttention (query 0's weights)",
                 text,
                 ~allowed,
             )
@@ -457,8 +468,8 @@ def mask_conventions(
                     )
                 )
                 ink = "white" if is_open or is_nan else TEXT_COLOUR
-                box = None if is_open or is_nan else {"facecolor": "white", "edgecolor": "none", "pad": 1}
-                ax.text(s, b, text[b][s], ha="center", va="center", fontsize=FONT - 3, color=ink, bbox=box)
+                box = None if is_open or is_nan else {"facecolor": "white", "edgecolor": "none", "pad": 3}
+                ax.text(s, b, text[b][s], ha="center", va="center", fontsize=FONT - 2, color=ink, bbox=box)
                 colours[-1].append(colour)
                 hatched[-1].append(not is_open and not is_nan)
         register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
@@ -584,6 +595,116 @@ def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None)
         ),
     ]
     figure.legend(handles=legend, loc="outside lower center", ncols=1, fontsize=FONT - 2, frameon=False)
+    if title:
+        figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -> Figure:
+    """Combined (T, S) masks side by side, each query row that has no key left framed.
+
+    One panel per mask, one row per query t, one column per key s. A cell the mask
+    lets the query use is coloured as a key; a blocked cell is white and hatched. A
+    row with no key left (the softmax's 0/0, NaN in a hand-written softmax) is framed
+    in black and marked "no key" at its right. Draw the masks a batch really ends
+    up with (padding combined with a causal mask, or padding on both axes), and a
+    repaired mask beside them to show that no row is empty.
+
+    Parameters
+    ----------
+    masks : mapping of str to Tensor of bool, shape (T, S)
+        Each panel's heading and its mask, True = may attend. All of one shape.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, heading)`` reads each panel back: whether each
+        cell is hatched (blocked), and its text ("" everywhere). Each framed row is a
+        patch with gid ``"{heading}:empty:{t}"``.
+
+    See Also
+    --------
+    mask_conventions : one (B, S) mask in each library's convention.
+    :doc:`masks` : why a row with no key left gives NaN, and how to repair the mask.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> left = torch.tensor([False, True, True])  # one pad on the left
+    >>> figure = qkv.diagrams.empty_rows({"causal": left & qkv.causal_mask(3)})
+    >>> qkv.diagrams.cells(figure, "causal").hatched[0]
+    [True, True, True]
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if not masks:
+        raise ValueError("masks must name at least one (T, S) mask")
+    grids = {
+        name: _boolean_matrix(f"masks[{name!r}]", m, "a boolean tensor (T, S)") for name, m in masks.items()
+    }
+    shapes = {tuple(g.shape) for g in grids.values()}
+    if len(shapes) > 1:
+        raise ValueError(f"masks must share one shape (T, S), got {sorted(shapes)}")
+    T, S = next(iter(grids.values())).shape
+    figure = Figure(figsize=(len(grids) * (0.5 * S + 1.5), 0.5 * T + 1.6), dpi=100, layout="constrained")
+    axes = list(figure.subplots(1, len(grids), squeeze=False).flat)
+    for ax, (name, grid) in zip(axes, grids.items(), strict=True):
+        colours: list[list[str]] = []
+        for t in range(T):
+            colours.append([])
+            for s in range(S):
+                is_open = bool(grid[t, s])
+                colour = ROLE_COLOURS["k"] if is_open else MASKED_COLOUR
+                ax.add_patch(
+                    Rectangle(
+                        (s - 0.5, t - 0.5),
+                        1,
+                        1,
+                        facecolor=colour,
+                        edgecolor=EDGE_COLOUR,
+                        linewidth=0.6,
+                        hatch=None if is_open else MASKED_HATCH,
+                        gid=f"{name}:{t}:{s}",
+                    )
+                )
+                colours[-1].append(colour)
+            if not grid[t].any():
+                ax.add_patch(
+                    Rectangle(
+                        (-0.5, t - 0.5),
+                        S,
+                        1,
+                        facecolor="none",
+                        edgecolor=NAN_COLOUR,
+                        linewidth=2.5,
+                        gid=f"{name}:empty:{t}",
+                    )
+                )
+                ax.text(S - 0.35, t, "no key", ha="left", va="center", fontsize=FONT - 3, color=TEXT_COLOUR)
+        text = [[""] * S for _ in range(T)]
+        register_cells(
+            figure, name, Cells(colours=colours, hatched=(~grid).tolist(), text=text, corner=(0.0, 0.0))
+        )
+        _key_grid(ax, T, S, "query position t")
+        ax.set_xlim(-0.5, S + 1.2)
+        ax.set_xticks(range(S))
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.spines["bottom"].set_bounds(-0.5, S - 0.5)  # the grid's width, not the note's
+        ax.set_title(name, fontsize=FONT - 2)
+    legend = [
+        Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["k"], edgecolor=EDGE_COLOUR, label="a key it may use"),
+        Rectangle(
+            (0, 0), 1, 1, facecolor=MASKED_COLOUR, edgecolor=EDGE_COLOUR, hatch=MASKED_HATCH, label="blocked"
+        ),
+        Rectangle(
+            (0, 0), 1, 1, facecolor="none", edgecolor=NAN_COLOUR, linewidth=2.5, label="a row with no key"
+        ),
+    ]
+    figure.legend(handles=legend, loc="outside lower center", ncols=3, fontsize=FONT - 2, frameon=False)
     if title:
         figure.suptitle(title, fontsize=FONT)
     return figure
