@@ -41,7 +41,7 @@ def test_self_attention_draws_one_input_three_weights_three_products_with_their_
     ):
         assert header in texts
     assert "parameters" not in texts  # the header sits over the operations too
-    assert "strips: 6 heads ($Q$), 3 ($K$, $V$)" in texts  # the strips' cells are heads
+    assert "strips: 6 heads ($Q$), 3 ($K$, $V$), one cell per head" in texts  # the strips' cells are heads
     for gid, role in (("W^Q", "q"), ("W^K", "k"), ("V", "v"), ("X", "x")):
         assert _edge(figure, gid) == ROLE_COLOURS[role].lower()
 
@@ -86,12 +86,13 @@ def test_the_figure_fits_the_column_and_prints_nothing(capsys):
 
 
 def _arrows_into(figure, gid: str) -> int:
-    """How many arrows end on the left edge of the box ``gid``."""
+    """How many arrows end on the left or the top edge of the box ``gid``."""
     (patch,) = qkv.diagrams.patches_by_gid(figure, gid)
-    left, top, height = patch.get_x(), patch.get_y(), patch.get_height()
+    left, top, height, width = patch.get_x(), patch.get_y(), patch.get_height(), patch.get_width()
     (ax,) = figure.axes
     ends = [a.xy for a in ax.texts if hasattr(a, "xy") and a.arrow_patch is not None]
-    return sum(abs(x - left) < 1e-9 and top <= y <= top + height for x, y in ends)
+    on_left = sum(abs(x - left) < 1e-9 and top <= y <= top + height for x, y in ends)
+    return on_left + sum(abs(y - top) < 1e-9 and left < x <= left + width for x, y in ends)
 
 
 def test_the_attention_weights_column_is_fed_by_q_and_k_only_and_v_goes_past_it():
@@ -165,6 +166,15 @@ def test_the_attention_weights_are_labelled_with_their_formula():
                                     code={"A": "attn_weights"})  # fmt: skip
     texts = texts_of(figure)
     assert r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$" in texts and "concat of $A_i V_i$" in texts
+    # The formula sits above A, where Q's and K's arrows come in; A's arrow to the output
+    # ends on the output's top edge, clear of the shape text under A.
+    (ax,) = figure.axes
+    (formula,) = [t for t in ax.texts if t.get_gid() == "A-formula"]
+    (a_box,) = qkv.diagrams.patches_by_gid(figure, "A")
+    assert formula.get_position()[1] < a_box.get_y()  # y grows downwards
+    (out_box,) = qkv.diagrams.patches_by_gid(figure, "output")
+    ends = [a.xy for a in ax.texts if hasattr(a, "xy") and a.arrow_patch is not None]
+    assert any(abs(y - out_box.get_y()) < 1e-9 for _, y in ends)
 
 
 def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_heads():
@@ -177,7 +187,7 @@ def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_hea
     texts = texts_of(figure)
     assert "operations" in texts and "with their learned weights" in texts
     assert "parameters" not in texts and "learned" not in texts  # not over the operations
-    assert "strips: 3 heads × 4 columns" in texts
+    assert "strips: 3 heads × 4 columns, one cell per head" in texts
     assert r"$(h, T, S)$: $T \times S$ per head" in texts and "(3, 4, 4)" in texts
     plain = texts_of(qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True))
     assert "operations" in plain and "$XW^Q$" in plain  # unnamed, the node shows its formula

@@ -269,10 +269,10 @@ def data_flow(
         end = column[columns - 1] if role == "v" else column[3]
         arrow(column[2] + width, centre[i], end, centre[target[i]])
     # What the strips are: the products' column blocks, one cell per head.
-    strips = (
-        f"strips: {h} heads × {d_k} columns"
+    strips = (  # alternating shades: say that each cell is a head
+        f"strips: {h} heads × {d_k} columns, one cell per head"
         if (h, d_k) == (h_kv, d_v)
-        else f"strips: {h} heads ($Q$), {h_kv} ($K$, $V$)"
+        else f"strips: {h} heads ($Q$), {h_kv} ($K$, $V$), one cell per head"
     )
     ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
             fontsize=FONT * 0.72, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
@@ -283,10 +283,11 @@ def data_flow(
         per_head = r"$(h, T, S)$: $T \times S$ per head"  # under A: how to read its shape
         ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.72,
                 color=TEXT_COLOUR)  # fmt: skip
-        formula = r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$"  # and what makes it
-        ax.text(column[3] + width / 2, below + 0.42, formula, ha="center", va="center",
-                fontsize=FONT * 0.8, color=TEXT_COLOUR)  # fmt: skip
-        arrow(column[3] + width, centre[0.5], column[4], centre[out_row])
+        formula = r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$"  # what makes it: above A,
+        ax.text(column[3] + width / 2, row_top(0.5) - 0.2, formula, ha="center", va="center",
+                fontsize=FONT * 0.8, color=TEXT_COLOUR, gid="A-formula")  # by Q's and K's arrows
+        # A -> output ends on the output's top edge, clear of the text under A.
+        arrow(column[3] + width, centre[0.5], column[4] + width / 2, row_top(out_row))
     out_shape = _shape(T, f"{h}·{d_v}")
     top = row_top(out_row)
     colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
