@@ -23,6 +23,7 @@ from qkv.diagrams.equation import (
     causal_leak,
     largest_weight_curves,
     mask_conventions,
+    output_hull,
     softmax_axes,
     softmax_rows,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "mask_conventions",
     "matrix_names",
     "multi_head",
+    "output_hull",
     "packed_layouts",
     "pairings",
     "patches_by_gid",
