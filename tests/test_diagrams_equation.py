@@ -145,3 +145,34 @@ def test_empty_rows_checks_its_inputs():
         qkv.diagrams.empty_rows(
             {"a": torch.ones(2, 3, dtype=torch.bool), "b": torch.ones(3, 3, dtype=torch.bool)}
         )
+
+
+def test_output_hull_draws_the_values_their_hull_and_the_outputs():
+    g = torch.Generator().manual_seed(2)
+    values = torch.randn(5, 2, generator=g)  # (S, 2)
+    scores = torch.randn(3, 5, generator=g)  # (T, S), T != S
+    outputs = {"dim=-1": scores.softmax(-1) @ values, "dim=-2": scores.softmax(-2) @ values}
+    figure = qkv.diagrams.output_hull(values, outputs, title="look")
+    (ax,) = figure.axes
+    by_gid = {c.get_gid(): c.get_offsets() for c in ax.collections}
+    torch.testing.assert_close(torch.as_tensor(by_gid["values"]), values.double())
+    for name, made in outputs.items():
+        torch.testing.assert_close(torch.as_tensor(by_gid[f"outputs-{name}"]), made.double())
+    (hull,) = [p for p in ax.patches if p.get_gid() == "hull"]
+    corners = {tuple(v) for v in hull.get_xy().tolist()}
+    assert 3 <= len(corners) and corners <= {tuple(v) for v in values.double().tolist()}
+    path = hull.get_path()
+    assert path.contains_points(outputs["dim=-1"].numpy()).all()  # averages stay inside
+    outside = [v for v in values.double().tolist() if tuple(v) not in corners]
+    assert path.contains_points(outside).all()  # every value not a corner lies inside
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-2:] == ["outputs, dim=-1", "outputs, dim=-2"]
+    assert ax.get_title() == "look"
+
+
+def test_output_hull_checks_its_inputs():
+    with pytest.raises(ValueError, match="2 features"):
+        qkv.diagrams.output_hull(torch.randn(4, 3), {"a": torch.randn(2, 2)})
+    with pytest.raises(ValueError, match="at least one"):
+        qkv.diagrams.output_hull(torch.randn(4, 2), {})
+    with pytest.raises(ValueError, match="2 features"):
+        qkv.diagrams.output_hull(torch.randn(4, 2), {"a": torch.randn(2, 3)})

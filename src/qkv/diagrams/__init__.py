@@ -24,6 +24,7 @@ from qkv.diagrams.equation import (
     empty_rows,
     largest_weight_curves,
     mask_conventions,
+    output_hull,
     softmax_axes,
     softmax_rows,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "mask_conventions",
     "matrix_names",
     "multi_head",
+    "output_hull",
     "packed_layouts",
     "pairings",
     "patches_by_gid",

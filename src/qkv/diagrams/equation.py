@@ -6,6 +6,8 @@
   so that saturation (one bar near 1) and flattening (every bar near 1/S) show.
 - :func:`softmax_axes`: the same scores normalised over the keys and over the
   queries, with every row's and column's sum written beside it.
+- :func:`output_hull`: two value features as points, with their convex hull, and the
+  outputs that each axis of the softmax makes from them: averages stay inside.
 - :func:`causal_leak`: a causal mask's grid, with the scores that a softmax over the
   queries sums into one column, and the last query's row: it enters every column.
 - :func:`mask_conventions`: one padded batch's mask written in each library's
@@ -50,6 +52,7 @@ __all__ = [
     "empty_rows",
     "largest_weight_curves",
     "mask_conventions",
+    "output_hull",
     "softmax_axes",
     "softmax_rows",
 ]
@@ -346,6 +349,114 @@ def softmax_axes(scores: torch.Tensor, *, title: str | None = None) -> Figure:
     figure.colorbar(image, ax=list(axes), label="weight", shrink=0.8)
     if title:
         figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+def _convex_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The convex hull's corners, anticlockwise (Andrew's monotone chain)."""
+    ordered = sorted(set(points))
+    if len(ordered) <= 2:
+        return ordered
+
+    def turn(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+    lower: list[tuple[float, float]] = []
+    upper: list[tuple[float, float]] = []
+    for chain, sequence in ((lower, ordered), (upper, ordered[::-1])):
+        for point in sequence:
+            while len(chain) >= 2 and turn(chain[-2], chain[-1], point) <= 0:
+                chain.pop()
+            chain.append(point)
+    return lower[:-1] + upper[:-1]
+
+
+def output_hull(
+    values: torch.Tensor, outputs: Mapping[str, torch.Tensor], *, title: str | None = None
+) -> Figure:
+    """Values with two features as points, their convex hull, and the outputs made from them.
+
+    A softmax over the keys makes each output a weighted average of the values, so
+    every output lies inside the values' convex hull (the shaded polygon); a softmax
+    over the queries gives weights whose rows need not sum to 1, and its outputs can
+    land outside it.
+
+    Parameters
+    ----------
+    values : Tensor, shape (S, 2)
+        One head's values, with d_v = 2 features (x and y).
+    outputs : mapping of str to Tensor, shape (T, 2)
+        For each name (e.g. ``"dim=-1"``, ``"dim=-2"``), the outputs ``weights @ values``.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The values' points have gid ``"values"``, the hull's polygon ``"hull"``, and
+        each name's outputs ``"outputs-{name}"``; their offsets are the points given.
+
+    See Also
+    --------
+    softmax_axes : the same scores normalised along each axis.
+    :doc:`equation` : which axis the softmax runs over, and why.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> values = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> average = values.mean(dim=0, keepdim=True)  # (1, 2): weights 1/3 each
+    >>> figure = qkv.diagrams.output_hull(values, {"dim=-1": average})
+    >>> sorted(c.get_gid() for c in figure.axes[0].collections)
+    ['outputs-dim=-1', 'values']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Polygon
+
+    points = require_tensor("values", values, ndim=2, layout="(S, 2)").detach().double().cpu()
+    if points.shape[1] != 2:
+        raise ValueError(f"values must have 2 features to draw, got shape {shape_str(tuple(points.shape))}")
+    if not isinstance(outputs, Mapping) or not outputs:
+        raise ValueError("outputs must map at least one name to a (T, 2) tensor")
+    drawn: dict[str, torch.Tensor] = {}
+    for name, output in outputs.items():
+        made = require_tensor(f"outputs[{name!r}]", output, ndim=2, layout="(T, 2)").detach().double().cpu()
+        if made.shape[1] != 2:
+            shape = shape_str(tuple(made.shape))
+            raise ValueError(f"outputs[{name!r}] must have 2 features, got shape {shape}")
+        drawn[str(name)] = made
+    figure = Figure(figsize=(5.6, 4.2), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    corners = _convex_hull([(float(x), float(y)) for x, y in points.tolist()])
+    ax.add_patch(
+        Polygon(
+            corners,
+            closed=True,
+            facecolor=ROLE_COLOURS["v"],
+            alpha=0.15,
+            edgecolor=ROLE_COLOURS["v"],
+            gid="hull",
+            label="the values' hull",
+        )
+    )
+    ax.scatter(
+        points[:, 0], points[:, 1], s=60, color=ROLE_COLOURS["v"], label="values", gid="values", zorder=3
+    )
+    styles = (("o", ROLE_COLOURS["o"]), ("X", ROLE_COLOURS["weights"]), ("s", ROLE_COLOURS["q"]))
+    for n, (name, made) in enumerate(drawn.items()):
+        marker, colour = styles[n % len(styles)]
+        ax.scatter(
+            made[:, 0], made[:, 1], s=70, marker=marker, color=colour, label=f"outputs, {name}",
+            gid=f"outputs-{name}", zorder=4,
+        )  # fmt: skip
+    ax.set_xlabel("value feature 1", fontsize=FONT - 1)
+    ax.set_ylabel("value feature 2", fontsize=FONT - 1)
+    ax.tick_params(labelsize=FONT - 2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    if title:
+        ax.set_title(title, fontsize=FONT)
     return figure
 
 
