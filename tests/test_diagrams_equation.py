@@ -176,3 +176,13 @@ def test_output_hull_checks_its_inputs():
         qkv.diagrams.output_hull(torch.randn(4, 2), {})
     with pytest.raises(ValueError, match="2 features"):
         qkv.diagrams.output_hull(torch.randn(4, 2), {"a": torch.randn(2, 3)})
+
+
+def test_empty_rows_puts_four_panels_in_two_rows_of_two():
+    causal = qkv.causal_mask(3)  # (T, S), True = may attend
+    masks = {"a": causal, "b": ~causal, "c": causal, "d": causal.flip(-1)}
+    figure = qkv.diagrams.empty_rows(masks)
+    positions = [ax.get_subplotspec().get_geometry()[:2] for ax in figure.axes]
+    assert positions == [(2, 2)] * 4
+    assert [ax.get_title() for ax in figure.axes] == list(masks)
+    assert patches_by_gid(figure, "b:empty:2")  # ~causal leaves the last query no key

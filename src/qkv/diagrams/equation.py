@@ -543,7 +543,8 @@ def mask_conventions(
         panels.append(
             (
                 "inverted",
-                "Mistake: the first mask handed to\nnn.MultiheadAttention (query 0's weights)",
+                "Mistake: the SDPA mask (True = may attend)\n"
+                "handed to nn.MultiheadAttention (query 0's weights)",
                 text,
                 ~allowed,
             )
@@ -719,7 +720,8 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
     row with no key left (the softmax's 0/0, NaN in a hand-written softmax) is framed
     in black and marked "no key" at its right. Draw the masks a batch really ends
     up with (padding combined with a causal mask, or padding on both axes), and a
-    repaired mask beside them to show that no row is empty.
+    repaired mask beside them to show that no row is empty. Up to three panels sit
+    in one row; four or more fill rows of two, in the mapping's order.
 
     Parameters
     ----------
@@ -761,9 +763,15 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
     if len(shapes) > 1:
         raise ValueError(f"masks must share one shape (T, S), got {sorted(shapes)}")
     T, S = next(iter(grids.values())).shape
-    figure = Figure(figsize=(len(grids) * (0.5 * S + 1.5), 0.5 * T + 1.6), dpi=100, layout="constrained")
-    axes = list(figure.subplots(1, len(grids), squeeze=False).flat)
-    for ax, (name, grid) in zip(axes, grids.items(), strict=True):
+    columns = 2 if len(grids) > 3 else len(grids)  # four panels: two rows of two
+    grid_rows = -(-len(grids) // columns)
+    figure = Figure(
+        figsize=(columns * (0.5 * S + 1.9), grid_rows * (0.5 * T + 0.9) + 0.8), dpi=100, layout="constrained"
+    )
+    axes = list(figure.subplots(grid_rows, columns, squeeze=False).flat)
+    for ax in axes[len(grids) :]:
+        ax.set_axis_off()
+    for ax, (name, grid) in zip(axes[: len(grids)], grids.items(), strict=True):
         colours: list[list[str]] = []
         for t in range(T):
             colours.append([])
@@ -795,13 +803,13 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
                         gid=f"{name}:empty:{t}",
                     )
                 )
-                ax.text(S - 0.35, t, "no key", ha="left", va="center", fontsize=FONT - 3, color=TEXT_COLOUR)
+                ax.text(S - 0.3, t, "no key", ha="left", va="center", fontsize=FONT, color=TEXT_COLOUR)
         text = [[""] * S for _ in range(T)]
         register_cells(
             figure, name, Cells(colours=colours, hatched=(~grid).tolist(), text=text, corner=(0.0, 0.0))
         )
         _key_grid(ax, T, S, "query position t")
-        ax.set_xlim(-0.5, S + 1.2)
+        ax.set_xlim(-0.5, S + 1.9)
         ax.set_xticks(range(S))
         ax.spines[["top", "right"]].set_visible(False)
         ax.spines["bottom"].set_bounds(-0.5, S - 0.5)  # the grid's width, not the note's
