@@ -606,10 +606,11 @@ def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None)
     """Why a softmax over the queries leaks the future under a causal mask.
 
     One row per query t, one column per key s. A cell the mask allows (s <= t) is grey;
-    one it blocks (s > t) is white and hatched. Over the queries (``dim=-2``) column s is normalised by a sum over
-    every query that may use key s, t >= s: those cells of ``column`` are marked
-    "Σ". The last query's row is drawn in the query colour: its scores fall in every
-    column's sum, so changing the last query changes every earlier output.
+    one it blocks (s > t) is white and hatched. Over the queries (``dim=-2``) column s
+    is normalised by a sum over every query that may use key s, t >= s: those cells of
+    ``column`` are marked "Σ". The last query's row is drawn in the query colour: its
+    scores fall in every column's sum, so changing the last query changes every earlier
+    output.
 
     Parameters
     ----------
