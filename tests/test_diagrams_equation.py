@@ -113,6 +113,8 @@ def test_causal_leak_marks_one_column_sum_and_the_last_query():
     assert grid.hatched == [[s > t for s in range(4)] for t in range(4)]  # blocked: s > t
     assert grid.colours[-1] == [ROLE_COLOURS["q"]] * 4  # the last query sees every key
     assert grid.colours[0][1:] == [MASKED_COLOUR] * 3
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert labels[:2] == ["allowed: s ≤ t", "blocked: s > t"]  # every cell kind
     with pytest.raises(ValueError, match="square boolean"):
         qkv.diagrams.causal_leak(torch.ones(3, 4, dtype=torch.bool), column=0)
     with pytest.raises(ValueError, match="from 0 to 3"):

@@ -606,11 +606,12 @@ def mask_conventions(
 def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None) -> Figure:
     """Why a softmax over the queries leaks the future under a causal mask.
 
-    One row per query t, one column per key s. A cell the mask blocks (s > t) is white
-    and hatched. Over the queries (``dim=-2``) column s is normalised by a sum over
-    every query that may use key s, t >= s: those cells of ``column`` are marked
-    "Σ". The last query's row is drawn in the query colour: its scores fall in every
-    column's sum, so changing the last query changes every earlier output.
+    One row per query t, one column per key s. A cell the mask allows (s <= t) is grey;
+    one it blocks (s > t) is white and hatched. Over the queries (``dim=-2``) column s
+    is normalised by a sum over every query that may use key s, t >= s: those cells of
+    ``column`` are marked "Σ". The last query's row is drawn in the query colour: its
+    scores fall in every column's sum, so changing the last query changes every earlier
+    output.
 
     Parameters
     ----------
@@ -684,6 +685,7 @@ def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None)
     register_cells(figure, "leak", Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
     _key_grid(ax, T, T, "query position t")
     legend = [
+        Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["x"], edgecolor=EDGE_COLOUR, label="allowed: s ≤ t"),
         Rectangle(
             (0, 0),
             1,
