@@ -325,3 +325,36 @@ def test_attention_map_annotates_the_cells_the_mask_allows_and_leaves_masked_cel
     assert not any(any(row) for row in qkv.diagrams.cells(plain, "map").text)
     with pytest.raises(TypeError, match="annotate must be a bool, got str"):
         attention_map(weights, mask, annotate="yes")
+
+
+# --- kv_sharing --------------------------------------------------------------------------------
+
+
+def test_kv_sharing_draws_each_query_head_reading_its_kv_head():
+    from qkv.diagrams.inference import kv_sharing
+
+    layers = [qkv.MultiHeadAttention(24, 6, num_kv_heads=n) for n in (6, 3, 1)]
+    figure = kv_sharing(layers, title="three layers")
+    for n, layer in enumerate(layers):
+        assert len(patches_by_gid(figure, f"kv:{n}:")) == layer.num_kv_heads
+        queries = patches_by_gid(figure, f"query:{n}:")
+        assert len(queries) == 6
+        group = 6 // layer.num_kv_heads
+        for i, query in enumerate(queries):  # a query head takes its K/V head's colour
+            kv = patches_by_gid(figure, f"kv:{n}:{i // group}")[0]
+            assert np.allclose(query.get_facecolor()[:3], kv.get_facecolor()[:3])
+    texts = texts_of(figure)
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles == ["multi-head (MHA)", "grouped-query (GQA)", "multi-query (MQA)"]
+    assert any("8 numbers per token (1/6)" in t for t in texts)  # 2 · 1 · d_k = 8
+    # Per-head weights draw the same:
+    assert len(patches_by_gid(kv_sharing([layers[1].to_heads()]), "kv:0:")) == 3
+
+
+def test_kv_sharing_errors_name_the_argument():
+    from qkv.diagrams.inference import kv_sharing
+
+    with pytest.raises(ValueError, match="layers must be a non-empty sequence"):
+        kv_sharing([])
+    with pytest.raises(TypeError, match=r"layer must be a qkv\.HeadWeights"):
+        kv_sharing([torch.nn.Linear(2, 2)])

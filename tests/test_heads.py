@@ -116,3 +116,37 @@ def test_grouped_query_weights_validation_and_expansion():
     out, _ = qkv.multi_head_attention(x, x, x, full)
     out.sum().backward()  # gradients reach the shared K/V heads
     assert trainable.w_k.grad is not None and trainable.w_k.grad.shape == (2, 16, 4)
+
+
+def test_mean_pool_kv_heads_averages_each_group_and_round_trips_equal_heads():
+    hw = qkv.HeadWeights.random(24, 6, kdim=10, vdim=12, bias=True, dtype=torch.float64)
+    pooled = hw.mean_pool_kv_heads(2)  # 6 K/V heads -> 2, groups of 3
+    assert pooled.num_kv_heads == 2 and pooled.w_q is hw.w_q and pooled.w_o is hw.w_o
+    assert pooled.w_k.shape == (2, 10, 4) and pooled.w_v.shape == (2, 12, 4)
+    torch.testing.assert_close(pooled.w_k[1], hw.w_k[3:].mean(dim=0))
+    torch.testing.assert_close(pooled.b_v[0], hw.b_v[:3].mean(dim=0))
+    # Copying heads into groups and pooling them again gives the same layer back:
+    again = pooled.expand_kv_heads().mean_pool_kv_heads(2)
+    torch.testing.assert_close(again.w_k, pooled.w_k)
+    x = torch.randn(2, 5, 24, dtype=torch.float64)
+    m = torch.randn(2, 5, 10, dtype=torch.float64)
+    v = torch.randn(2, 5, 12, dtype=torch.float64)
+    torch.testing.assert_close(
+        qkv.multi_head_attention(x, m, v, again)[0], qkv.multi_head_attention(x, m, v, pooled)[0]
+    )
+    # Pooling distinct heads changes the output:
+    assert not torch.allclose(
+        qkv.multi_head_attention(x, m, v, pooled)[0], qkv.multi_head_attention(x, m, v, hw)[0]
+    )
+    assert hw.mean_pool_kv_heads(6).num_kv_heads == 6  # no pooling: the same heads
+
+
+def test_mean_pool_kv_heads_errors_name_the_argument_and_shapes():
+    hw = qkv.HeadWeights.random(16, 4)
+    with pytest.raises(
+        ValueError,
+        match=r"num_kv_heads must divide the layer's 4 K/V heads \(w_k shaped \(4, 16, 4\)\), got 3",
+    ):
+        hw.mean_pool_kv_heads(3)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        hw.mean_pool_kv_heads(0)

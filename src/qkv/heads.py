@@ -314,6 +314,59 @@ class HeadWeights:
             b_v=None if self.b_v is None else expand(self.b_v),
         )  # fmt: skip
 
+    def mean_pool_kv_heads(self, num_kv_heads: int) -> HeadWeights:
+        """Fewer K/V heads, each the mean of the K/V heads it replaces: a multi-head layer to grouped-query.
+
+        Ainslie et al. (2023) convert a multi-head checkpoint to grouped-query
+        attention this way before up-training it: the W^K (and W^V, and their biases)
+        of each group of ``h_kv / num_kv_heads`` consecutive K/V heads are averaged
+        into one. Unlike :meth:`expand_kv_heads`, this changes what the layer
+        computes, unless the heads of each group were equal. ``w_q``, ``w_o`` and
+        their biases are the same tensors.
+
+        Parameters
+        ----------
+        num_kv_heads : int
+            The K/V heads to keep; it must divide the current ``h_kv``.
+
+        Returns
+        -------
+        HeadWeights
+            ``w_k`` shaped ``(num_kv_heads, kdim, d_k)``, ``w_v`` shaped
+            ``(num_kv_heads, vdim, d_v)``.
+
+        See Also
+        --------
+        expand_kv_heads : the other way, exact: each K/V head copied into its group.
+        :doc:`inference` : what grouped-query attention loses and saves.
+
+        Examples
+        --------
+        >>> import torch, qkv
+        >>> hw = qkv.HeadWeights.random(16, 4)
+        >>> pooled = hw.mean_pool_kv_heads(2)
+        >>> pooled.w_k.shape, pooled.num_kv_heads
+        (torch.Size([2, 16, 4]), 2)
+        >>> torch.allclose(pooled.w_k[0], (hw.w_k[0] + hw.w_k[1]) / 2)
+        True
+        """
+        kept = require_positive_int("num_kv_heads", num_kv_heads)
+        if self.num_kv_heads % kept:
+            raise ValueError(
+                f"num_kv_heads must divide the layer's {self.num_kv_heads} K/V heads "
+                f"(w_k shaped {shape_str(self.w_k.shape)}), got {kept}"
+            )
+        group = self.num_kv_heads // kept
+
+        def pool(x: Tensor) -> Tensor:
+            return x.reshape(kept, group, *x.shape[1:]).mean(dim=1)  # (num_kv_heads, ...)
+
+        return replace(
+            self, w_k=pool(self.w_k), w_v=pool(self.w_v),
+            b_k=None if self.b_k is None else pool(self.b_k),
+            b_v=None if self.b_v is None else pool(self.b_v),
+        )  # fmt: skip
+
     def to(self, *args: Any, **kwargs: Any) -> HeadWeights:
         """Return a copy with every tensor moved by ``Tensor.to(*args, **kwargs)``."""
         return self._map(lambda t: t.to(*args, **kwargs))

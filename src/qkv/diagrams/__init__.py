@@ -30,7 +30,7 @@ from qkv.diagrams.equation import (
 )
 from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
-from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
+from qkv.diagrams.inference import attention_map, cross_attention, decoding_step, kv_sharing
 from qkv.diagrams.roles import data_flow
 from qkv.diagrams.rotary import pairings, position_flow, position_scores, rotation, value_shift
 
@@ -48,6 +48,7 @@ __all__ = [
     "decoding_step",
     "empty_rows",
     "heads_from_one_matrix",
+    "kv_sharing",
     "largest_weight_curves",
     "mask_conventions",
     "matrix_names",

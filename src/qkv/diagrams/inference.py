@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["attention_map", "cross_attention", "decoding_step"]
+__all__ = ["attention_map", "cross_attention", "decoding_step", "kv_sharing"]
 
 # --- Geometry shared by the two block diagrams ---------------------------------------------------
 #
@@ -926,4 +926,109 @@ def attention_map(
             loc="outside lower center",
             frameon=False,
         )
+    return figure
+
+
+# --- kv_sharing ----------------------------------------------------------------------------------
+
+
+def _sharing_name(h: int, h_kv: int) -> str:
+    """What a layer with h query heads and h_kv K/V heads is called."""
+    if h_kv == h:
+        return "multi-head (MHA)"
+    if h_kv == 1:
+        return "multi-query (MQA)"
+    return "grouped-query (GQA)"
+
+
+def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
+    """Multi-head, grouped-query and multi-query attention side by side: which K/V head each query head reads.
+
+    One panel per layer. At the top, its h query heads (query head i, numbered from
+    0); below, its h_kv K/V heads (K/V head j), the ones a KV cache stores; a line from
+    each query head to the K/V head it reads, ``j = i // (h / h_kv)``. Query heads
+    take the colour of their K/V head, so a group reads at a glance. Under each
+    panel, the K and V numbers cached per token and layer, ``2 · h_kv · d_k``, and
+    their fraction of the multi-head layer's ``2 · h · d_k``.
+
+    Parameters
+    ----------
+    layers : sequence of qkv.HeadWeights or modules with ``to_heads()``
+        The layers to draw, left to right (for example ``qkv.MultiHeadAttention``
+        with ``num_kv_heads`` = h, a divisor of h, and 1).
+    title : str, optional
+        A title over the whole figure.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    See Also
+    --------
+    decoding_step : one step of one layer, with its cache.
+    qkv.HeadWeights.expand_kv_heads, qkv.HeadWeights.mean_pool_kv_heads
+    :doc:`inference` : what sharing K/V heads loses and saves.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> from qkv.diagrams import patches_by_gid, texts_of
+    >>> from qkv.diagrams.inference import kv_sharing
+    >>> layers = [qkv.MultiHeadAttention(32, 8, num_kv_heads=n) for n in (8, 2, 1)]
+    >>> figure = kv_sharing(layers)
+    >>> len(patches_by_gid(figure, "kv:1:")), len(patches_by_gid(figure, "query:1:"))
+    (2, 8)
+    >>> [ax.get_title() for ax in figure.axes]
+    ['multi-head (MHA)', 'grouped-query (GQA)', 'multi-query (MQA)']
+    >>> "cached: 16 numbers per token (2/8)" in " ".join(texts_of(figure))
+    True
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not layers:
+        raise ValueError(
+            "layers must be a non-empty sequence of qkv.HeadWeights or modules with to_heads(), "
+            f"got {type(layers).__name__}"
+        )
+    weights = [head_weights(layer) for layer in layers]
+    widest = max(w.num_heads for w in weights)
+    figure = Figure(
+        figsize=(min(2.4 * len(weights), 2.4 + 0.28 * widest * len(weights)), 2.7),
+        dpi=100,
+        layout="constrained",
+    )
+    if title is not None:
+        figure.suptitle(title, fontsize=FONT + 1)
+    axes = figure.subplots(1, len(weights), squeeze=False)[0]
+    for n, (ax, w) in enumerate(zip(axes, weights, strict=True)):
+        h, h_kv = w.num_heads, w.num_kv_heads
+        group = h // h_kv
+        size = 0.8  # a head's square, in head units
+        for j in range(h_kv):  # the K/V heads, each under the middle of its group
+            x = j * group + (group - 1) / 2
+            ax.add_patch(Rectangle((x - size / 2, 0), size, size, facecolor=head_colour(j),
+                                   edgecolor=EDGE_COLOUR, gid=f"kv:{n}:{j}"))  # fmt: skip
+            if h <= 8:
+                ax.text(x, -0.2, math(f"K_{j}") + "\n" + math(f"V_{j}"), ha="center", va="top",
+                        fontsize=FONT - 2, color=TEXT_COLOUR, linespacing=1.1)  # fmt: skip
+        for i in range(h):  # the query heads, coloured by the K/V head they read
+            j = i // group
+            ax.add_patch(Rectangle((i - size / 2, 2.2), size, size, facecolor=head_colour(j),
+                                   alpha=0.55, edgecolor=EDGE_COLOUR, gid=f"query:{n}:{i}"))  # fmt: skip
+            if h <= 8:
+                ax.text(i, 3.15, math(f"Q_{i}"), ha="center", va="bottom", fontsize=FONT - 2,
+                        color=TEXT_COLOUR)  # fmt: skip
+            ax.plot([i, j * group + (group - 1) / 2], [2.2, size], color=head_colour(j),
+                    linewidth=1.2, gid=f"reads:{n}:{i}")  # fmt: skip
+        ax.set_xlim(-0.8, widest - 0.2)
+        ax.set_ylim(-3.0, 3.8)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_title(_sharing_name(h, h_kv), fontsize=FONT)
+        cached = 2 * h_kv * w.d_k
+        share = "" if h_kv == h else f" ({h_kv}/{h})"
+        label = f"$h$ = {h}, $h_{{kv}}$ = {h_kv}\ncached: {cached} numbers per token{share}"
+        ax.text((h - 1) / 2, -1.75, label, ha="center", va="top", fontsize=FONT - 2, color=TEXT_COLOUR)
     return figure
