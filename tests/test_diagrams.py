@@ -154,9 +154,10 @@ def _small_cache_layer():
             torch.randn(2, 4), qkv.MultiHeadAttention(4, 1), torch.randn(2, 4)
         ),
         lambda: qkv.diagrams.decoding_step(*_small_cache_layer()),
+        lambda: qkv.diagrams.one_loss(torch.randn(2, 4), qkv.MultiHeadAttention(4, 1)),
     ],
     ids=["packed-1-1", "packed-3-2", "reshape-1-2-1", "reshape-2-1-1", "heads-from-one", "multi-head",
-         "projection", "backward", "decoding-step"],
+         "projection", "backward", "decoding-step", "one-loss"],
 )
 def test_small_diagrams_keep_every_text_inside_the_figure(draw):
     # Texts do not shrink with the cells: with few cells a title is wider than the
