@@ -53,8 +53,9 @@ def one_loss(
         Where W^Q, W^K, W^V and W^O come from (``to_heads()`` is called on a
         module); self-attention, so its kdim and vdim must be d_model.
     gradients : mapping of str to Tensor or list of Tensor, optional
-        Gradients from one ``loss.backward()``, keyed by names in
-        :data:`PARAMETERS`; each named parameter is labelled with its gradient's
+        Gradients from one ``loss.backward()``, keyed by the names of the
+        parameters drawn (``"embeddings"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``,
+        ``"W^O"``, ``"readout"``); each named parameter is labelled with its gradient's
         norm (a ``.grad`` of any shape, or a list of them taken as one vector,
         such as the key and value embeddings; ``None`` or absent: no label).
     head : int
