@@ -192,3 +192,11 @@ def test_errors_name_the_argument():
         multi_head_attention_backward(x, x, x, hw, torch.randn(2, 3, 4))
     with pytest.raises(ValueError, match="does not broadcast to the attention scores' shape"):
         manual_multi_head_attention(x, x, x, hw, mask=torch.ones(4, 4, dtype=torch.bool))
+
+
+def test_the_scores_gradient_passed_for_do_is_caught_when_s_differs_from_d_v():
+    # The mistake of passing dZ, (T, S), where dO, (T, d_v), belongs (from the training
+    # chapter's backward page): caught at the boundary, with both shapes named.
+    query, key, value = torch.randn(4, 3), torch.randn(5, 3), torch.randn(5, 2)
+    with pytest.raises(ValueError, match=r"= \(4, 2\), got \(4, 5\)"):
+        attention_backward(query, key, value, torch.randn(4, 5))

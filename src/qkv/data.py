@@ -86,7 +86,7 @@ class AssociativeRecall:
     See Also
     --------
     qkv.models.RecallModel : a one-layer attention model that solves it.
-    :doc:`training` : a model trained on it, section "No attention labels needed".
+    :doc:`training/recall` : a model trained on it without attention labels.
 
     Examples
     --------
@@ -191,7 +191,7 @@ class PreviousTokenTask:
     See Also
     --------
     qkv.models.PreviousTokenModel
-    :doc:`training` : what tying W^Q = W^K costs on it, and two matrices started equal.
+    :doc:`training/tying` : what tying W^Q = W^K costs on it, and two matrices started equal.
     """
 
     length: int = 64

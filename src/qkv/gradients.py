@@ -107,7 +107,7 @@ def softmax_backward(weights: Tensor, grad_weights: Tensor) -> Tensor:
     See Also
     --------
     attention_backward
-    :doc:`training` : the softmax's Jacobian, and the diagonal-only mistake, section "Common mistakes".
+    :doc:`training/backward` : the softmax's Jacobian, and the diagonal-only mistake.
     """
     p = require_tensor("weights", weights, min_ndim=1, layout="(..., T, S)")
     dp = require_tensor("grad_weights", grad_weights, min_ndim=1, layout="(..., T, S)")
@@ -176,7 +176,7 @@ def attention_backward(
     --------
     softmax_backward : the step through the softmax.
     manual_attention : the same formulas as an autograd function, for ``gradcheck``.
-    :doc:`training` : the derivation, section "Backward through attention, by hand".
+    :doc:`training/backward` : the derivation, step by step.
 
     Examples
     --------
@@ -283,7 +283,7 @@ def multi_head_attention_backward(
     --------
     attention_backward : the step through one head's attention.
     manual_multi_head_attention : the same formulas as an autograd function.
-    :doc:`training` : the derivation extended to many heads and the output projection.
+    :doc:`training/multi-head` : the derivation extended to many heads and the output projection.
 
     Examples
     --------
@@ -359,7 +359,7 @@ def manual_attention(
     See Also
     --------
     attention_backward
-    :doc:`training` : its multi-head version tested by ``gradcheck``.
+    :doc:`training/multi-head` : its multi-head version tested by ``gradcheck``.
     """
     q, k, v, m = _check_attention(query, key, value, mask)
     m = _boolean_mask(m)
@@ -429,7 +429,7 @@ def manual_multi_head_attention(
     See Also
     --------
     multi_head_attention_backward
-    :doc:`training` : the derivation tested against finite differences by ``gradcheck``.
+    :doc:`training/multi-head` : the derivation tested against finite differences by ``gradcheck``.
     """
     q, k, v, m = check_multi_head_args(query, key, value, weights, mask)
     m = _boolean_mask(m)

@@ -58,7 +58,7 @@ class RecallModel(nn.Module):
     See Also
     --------
     qkv.data.AssociativeRecall
-    :doc:`training` : trained without attention labels, section "No attention labels needed".
+    :doc:`training/recall` : trained without attention labels.
     """
 
     def __init__(self, num_keys: int, num_values: int, embed_dim: int = 32, num_heads: int = 1) -> None:
@@ -135,7 +135,7 @@ class PreviousTokenModel(nn.Module):
     See Also
     --------
     qkv.data.PreviousTokenTask
-    :doc:`training` : W^Q and W^K started equal, and tied for good, on the previous-token task.
+    :doc:`training/tying` : W^Q and W^K started equal, and tied for good, on the previous-token task.
     """
 
     def __init__(

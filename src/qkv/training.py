@@ -113,7 +113,7 @@ def train(
 
     See Also
     --------
-    :doc:`training` : models trained with it, section "No attention labels needed".
+    :doc:`training/recall` : models trained with it, without attention labels.
     :doc:`cross_attention` : a tiny encoder-decoder trained with it.
 
     Examples

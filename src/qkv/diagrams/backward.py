@@ -2,8 +2,7 @@
 
 See also
 --------
-The chapter :doc:`training` (book/training.ipynb), section "Backward through attention,
-by hand".
+The page :doc:`training/backward` (book/training/backward.ipynb).
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ def backward_paths(
     See Also
     --------
     qkv.gradients.attention_backward : the formulas.
-    :doc:`training` : the derivation, section "Backward through attention, by hand".
+    :doc:`training/backward` : the derivation, step by step.
 
     Examples
     --------

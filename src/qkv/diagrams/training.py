@@ -1,0 +1,233 @@
+"""Where W^Q, W^K and W^V come from: one input, three matrices, one loss, one backward pass.
+
+See also
+--------
+The chapter :doc:`training` (book/training.ipynb).
+"""
+
+from __future__ import annotations
+
+import math as _math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from qkv._validation import shape_str
+from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, Canvas, layer_inputs
+from qkv.diagrams.backward import _shades
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = ["PARAMETERS", "one_loss"]
+
+#: The parameters ``one_loss`` draws, in the order of the forward pass.
+PARAMETERS = ("embeddings", "W^Q", "W^K", "W^V", "W^O", "readout")
+
+BACKWARD_COLOUR = "#A50026"  # the backward pass's arrows: dark red, unlike any role's colour
+
+
+def one_loss(
+    x: object,
+    layer: object,
+    *,
+    gradients: Mapping[str, object] | None = None,
+    head: int = 0,
+) -> Figure:
+    """One input X through three different matrices, and one loss back to every parameter.
+
+    A one-layer model as :class:`qkv.models.RecallModel` builds it: the embeddings
+    make X; X is multiplied by W^Q, W^K and W^V (three rows, one per matrix) into
+    Q, K and V; attention, softmax(Q Kᵀ / √d_k) V, mixes them; W^O and a readout
+    make the logits, and one loss reads them. Solid arrows are the forward pass;
+    each has a dashed twin running back, the backward pass of one
+    ``loss.backward()``. X, the matrices and Q, K, V are drawn to scale, each cell
+    shaded by the size of its entry, so three different matrices look different.
+
+    Parameters
+    ----------
+    x : Tensor, shape (T, d_model) or a batch (B, T, d_model)
+        The attention layer's input (of a batch, the first sequence is drawn).
+    layer : HeadWeights or a multi-head module
+        Where W^Q, W^K, W^V and W^O come from (``to_heads()`` is called on a
+        module); self-attention, so its kdim and vdim must be d_model.
+    gradients : mapping of str to Tensor or list of Tensor, optional
+        Gradients from one ``loss.backward()``, keyed by the names of the
+        parameters drawn (``"embeddings"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``,
+        ``"W^O"``, ``"readout"``); each named parameter is labelled with its gradient's
+        norm (a ``.grad`` of any shape, or a list of them taken as one vector,
+        such as the key and value embeddings; ``None`` or absent: no label).
+    head : int
+        Which head's W^Q, W^K, W^V to draw.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    See Also
+    --------
+    qkv.diagrams.backward_paths : the backward pass inside one head, entry by entry.
+    :doc:`training` : where W^Q, W^K and W^V come from.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> mha = qkv.MultiHeadAttention(6, 1, bias=False)
+    >>> figure = qkv.diagrams.one_loss(torch.randn(4, 6), mha)
+    >>> qkv.diagrams.matrix_names(figure)
+    ['X', 'W^Q', 'Q', 'W^K', 'K', 'W^V', 'V', 'W^O']
+    """
+    weights, x2, _, _ = layer_inputs(layer, x, None, None)
+    if weights.kdim != weights.embed_dim or weights.vdim != weights.embed_dim:
+        raise ValueError(
+            f"one_loss draws self-attention: the layer's kdim ({weights.kdim}) and vdim "
+            f"({weights.vdim}) must equal d_model ({weights.embed_dim})"
+        )
+    if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < weights.num_heads:
+        raise ValueError(f"head must be an int in [0, {weights.num_heads}), got {head!r}")
+    norms = _gradient_norms(gradients)
+    kv = head // (weights.num_heads // weights.num_kv_heads)
+    x2 = x2.to(weights.w_q.dtype)
+    with torch.no_grad():
+        mats = {"W^Q": weights.w_q[head], "W^K": weights.w_k[kv], "W^V": weights.w_v[kv]}
+        products = {"Q": x2 @ mats["W^Q"], "K": x2 @ mats["W^K"], "V": x2 @ mats["W^V"]}  # (T, d_·)
+        w_o = weights.w_o.detach()  # (h·d_v, d_model)
+    length, d_model = x2.shape
+    widest = max(m.shape[1] for m in mats.values())  # d_k or d_v
+    row = max(d_model, length)  # a row's height in cells
+    gap, above, below, node = 0.55, 0.34, 0.62, 1.75  # inches
+    header = 0.45 + 0.5  # inches: the title and the key to the arrows
+    canvas = Canvas(d_model + 2 * widest + w_o.shape[1], 3 * row,
+                    extra_width=4 * gap + node + 0.3, extra_height=3 * (above + below) + header)  # fmt: skip
+    g, top0 = canvas.inch(gap), canvas.inch(header + above)
+    tops = [top0 + i * (row + canvas.inch(above + below)) for i in range(3)]
+    centres = [t + row / 2 for t in tops]
+    x_left = canvas.inch(0.15)
+    boxes: dict[str, dict[str, float]] = {}
+
+    def label(name: str) -> str | None:
+        return None if name not in norms else f"gradient norm {norms[name]:.3g}"
+
+    def matrix(name: str, tensor: torch.Tensor, colour: str, left: float, centre: float) -> None:
+        rows, cols = tensor.shape
+        top = centre - rows / 2
+        boxes[name] = canvas.matrix(left, top, rows, cols, colour, cell_colours=_shades(tensor.cpu(), colour),
+                                    label=name, shape=tuple(tensor.shape), alpha=1.0)  # fmt: skip
+        # Vertical arrows stop clear of the label above and of the shape and gradient below.
+        boxes[name]["above"], boxes[name]["below"] = canvas.inch(0.32), canvas.inch(0.62)
+        note = label(name)
+        if note is not None:
+            canvas.text(left + cols / 2, top + rows + canvas.inch(0.27), note, va="top", size=0.8,
+                        colour=BACKWARD_COLOUR, gid=f"{name}:grad")  # fmt: skip
+
+    def text_node(name: str, text: str, centre_x: float, centre_y: float, width: float) -> None:
+        from matplotlib.patches import FancyBboxPatch
+
+        w, h = canvas.inch(width), canvas.inch(0.42)
+        canvas.ax.add_patch(FancyBboxPatch((centre_x - w / 2, centre_y - h / 2), w, h, boxstyle="round,pad=0",
+                                           facecolor="#FFFFFF", edgecolor=EDGE_COLOUR, linewidth=0.9,
+                                           gid=f"{name}:node"))  # fmt: skip
+        canvas.text(centre_x, centre_y, text, size=0.85, gid=f"{name}:text")
+        boxes[name] = {"x": centre_x - w / 2, "right": centre_x + w / 2, "y": centre_y - h / 2,
+                       "bottom": centre_y + h / 2}  # fmt: skip
+        if name in norms:
+            boxes[name]["below"] = canvas.inch(0.25)
+        note = label(name)
+        if note is not None:
+            canvas.text(centre_x, centre_y + h / 2 + canvas.inch(0.05), note, va="top", size=0.8,
+                        colour=BACKWARD_COLOUR, gid=f"{name}:grad")  # fmt: skip
+
+    matrix("X", x2, ROLE_COLOURS["x"], x_left, centres[1])
+    text_node("embeddings", "embeddings", x_left + d_model / 2, tops[0] + canvas.inch(0.2), 1.05)
+    w_left = x_left + d_model + g
+    q_left = w_left + widest + g
+    for (w_name, tensor), (p_name, product), role, centre in zip(
+        mats.items(), products.items(), ("q", "k", "v"), centres, strict=True
+    ):
+        matrix(w_name, tensor, ROLE_COLOURS[role], w_left, centre)
+        matrix(p_name, product, ROLE_COLOURS[role], q_left, centre)
+    attention_x = q_left + widest + g + canvas.inch(node) / 2
+    text_node("attention", r"softmax$(QK^\top/\sqrt{d_k})V$", attention_x, centres[1], node)
+    o_left = attention_x + canvas.inch(node) / 2 + g
+    matrix("W^O", w_o, ROLE_COLOURS["o"], o_left, centres[1])
+    text_node("readout", "readout", o_left + w_o.shape[1] / 2, centres[2], 0.9)
+    text_node("loss", "one loss", attention_x, centres[2], 0.9)
+    canvas.text(attention_x, centres[2] + canvas.inch(0.26), "(of the answer only)", va="top", size=0.75)
+
+    offset = canvas.inch(0.05)
+
+    def edge(start: str, end: str, sides: tuple[str, str] = ("right", "left")) -> None:
+        a, b = boxes[start], boxes[end]
+        x0, y0 = _side(a, sides[0])
+        x1, y1 = _side(b, sides[1])
+        length_ = _math.hypot(x1 - x0, y1 - y0)
+        nx, ny = -(y1 - y0) / length_ * offset, (x1 - x0) / length_ * offset  # a perpendicular
+        _arrow(canvas, x0 - nx, y0 - ny, x1 - nx, y1 - ny, EDGE_COLOUR, "-")
+        _arrow(canvas, x1 + nx, y1 + ny, x0 + nx, y0 + ny, BACKWARD_COLOUR, "--")
+
+    edge("embeddings", "X", ("bottom", "top"))
+    for w_name, p_name in (("W^Q", "Q"), ("W^K", "K"), ("W^V", "V")):
+        edge("X", w_name)
+        edge(w_name, p_name)
+        edge(p_name, "attention")
+    edge("attention", "W^O")
+    edge("W^O", "readout", ("bottom", "top"))
+    edge("readout", "loss", ("left", "right"))
+    key_y = canvas.inch(0.45)
+    _arrow(canvas, x_left, key_y, x_left + canvas.inch(0.45), key_y, EDGE_COLOUR, "-")
+    canvas.text(x_left + canvas.inch(0.52), key_y, "forward: one input X, three matrices", ha="left",
+                size=0.8)  # fmt: skip
+    back_x = x_left + canvas.inch(3.55)
+    _arrow(canvas, back_x, key_y, back_x + canvas.inch(0.45), key_y, BACKWARD_COLOUR, "--")
+    canvas.text(back_x + canvas.inch(0.52), key_y, "backward: one loss.backward()", ha="left", size=0.8,
+                colour=BACKWARD_COLOUR)  # fmt: skip
+    canvas.title("Three different matrices read one X; one loss trains them all")
+    return canvas.fit()
+
+
+def _side(box: dict[str, float], side: str) -> tuple[float, float]:
+    """The middle of one side of a drawn box."""
+    middle_x, middle_y = (box["x"] + box["right"]) / 2, (box["y"] + box["bottom"]) / 2
+    return {"left": (box["x"], middle_y), "right": (box["right"], middle_y),
+            "top": (middle_x, box["y"] - box.get("above", 0.0)),
+            "bottom": (middle_x, box["bottom"] + box.get("below", 0.0))}[side]  # fmt: skip
+
+
+def _arrow(canvas: Canvas, x0: float, y0: float, x1: float, y1: float, colour: str, style: str) -> None:
+    canvas.ax.annotate(
+        "", xy=(x1, y1), xytext=(x0, y0),
+        arrowprops={"arrowstyle": "-|>", "color": colour, "linewidth": 1.0, "linestyle": style,
+                    "shrinkA": 3, "shrinkB": 3},
+    )  # fmt: skip
+
+
+def _gradient_norms(gradients: Mapping[str, object] | None) -> dict[str, float]:
+    """Each named gradient's norm, checking the names and the types."""
+    if gradients is None:
+        return {}
+    if not isinstance(gradients, Mapping):
+        raise TypeError(
+            f"gradients must be a mapping of parameter name to Tensor, got {type(gradients).__name__}"
+        )
+    norms: dict[str, float] = {}
+    for name, grad in gradients.items():
+        if name not in PARAMETERS:
+            raise ValueError(
+                f"gradients has the name {name!r}; the parameters drawn are {', '.join(PARAMETERS)}"
+            )
+        if grad is None:
+            continue
+        parts: list[torch.Tensor] = []
+        for part in grad if isinstance(grad, (list, tuple)) else [grad]:
+            if not isinstance(part, torch.Tensor):
+                kind = type(part).__name__
+                raise TypeError(
+                    f"gradients[{name!r}] must be a Tensor (a .grad) or a list of them, got {kind}"
+                )
+            parts.append(part.detach())
+        if sum(part.numel() for part in parts) == 0:
+            shapes = ", ".join(shape_str(part.shape) for part in parts) or "no tensors"
+            raise ValueError(f"gradients[{name!r}] is empty ({shapes})")
+        norms[name] = _math.sqrt(sum(float(part.double().pow(2).sum()) for part in parts))
+    return norms

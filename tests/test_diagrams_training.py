@@ -1,0 +1,69 @@
+"""qkv.diagrams.one_loss: one input, three matrices, one loss back to every parameter."""
+
+from __future__ import annotations
+
+import matplotlib
+import pytest
+import torch
+
+import qkv
+from qkv.diagrams import ROLE_COLOURS, texts_of
+
+matplotlib.use("Agg")
+
+
+def _layer():
+    torch.manual_seed(0)
+    return qkv.MultiHeadAttention(6, 2, d_k=3, d_v=2, bias=False)
+
+
+def test_x_w_and_products_are_drawn_to_scale_from_the_layer():
+    layer = _layer()
+    x = torch.randn(5, 6)
+    figure = qkv.diagrams.one_loss(x, layer, head=1)
+    names = qkv.diagrams.matrix_names(figure)
+    assert names == ["X", "W^Q", "Q", "W^K", "K", "W^V", "V", "W^O"]
+    sizes = {name: (len(c.colours), len(c.colours[0])) for name in names
+             for c in [qkv.diagrams.cells(figure, name)]}  # fmt: skip
+    assert sizes == {"X": (5, 6), "W^Q": (6, 3), "W^K": (6, 3), "W^V": (6, 2), "Q": (5, 3),
+                     "K": (5, 3), "V": (5, 2), "W^O": (4, 6)}  # fmt: skip
+    # The shading is head 2's own matrix: its largest entry is drawn in the full colour.
+    w_q = layer.to_heads().w_q[1].detach()
+    row, col = divmod(int(w_q.abs().argmax()), 3)
+    assert qkv.diagrams.cells(figure, "W^Q").colours[row][col].lower() == ROLE_COLOURS["q"].lower()
+    assert not any(t.startswith("gradient norm") for t in texts_of(figure))
+
+
+def test_each_named_gradient_is_labelled_with_its_norm():
+    layer = _layer()
+    grads = {"W^Q": torch.full((3, 6), 2.0), "readout": [torch.ones(4), torch.ones(5)], "W^K": None}
+    figure = qkv.diagrams.one_loss(torch.randn(1, 5, 6), layer, gradients=grads)
+    texts = texts_of(figure)
+    assert "gradient norm 8.49" in texts  # sqrt(18 * 4)
+    assert "gradient norm 3" in texts  # sqrt(9), the two parts as one vector
+    assert sum(t.startswith("gradient norm") for t in texts) == 2
+
+
+@pytest.mark.parametrize(
+    ("gradients", "error", "message"),
+    [
+        ({"W^X": torch.ones(2)}, ValueError, r"the parameters drawn are embeddings, W\^Q"),
+        ({"W^Q": [1.0]}, TypeError, r"gradients\['W\^Q'\] must be a Tensor"),
+        ({"W^V": torch.ones(0, 3)}, ValueError, r"is empty \(\(0, 3\)\)"),
+        ([torch.ones(2)], TypeError, "gradients must be a mapping"),
+    ],
+)
+def test_bad_gradients_are_named(gradients, error, message):
+    with pytest.raises(error, match=message):
+        qkv.diagrams.one_loss(torch.randn(5, 6), _layer(), gradients=gradients)
+
+
+def test_bad_inputs_name_the_argument_and_the_shapes():
+    layer = _layer()
+    with pytest.raises(ValueError, match="x has 7 features"):
+        qkv.diagrams.one_loss(torch.randn(5, 7), layer)
+    with pytest.raises(ValueError, match=r"head must be an int in \[0, 2\), got 2"):
+        qkv.diagrams.one_loss(torch.randn(5, 6), layer, head=2)
+    cross = qkv.MultiHeadAttention(6, 2, kdim=4, bias=False)
+    with pytest.raises(ValueError, match="kdim"):
+        qkv.diagrams.one_loss(torch.randn(5, 6), cross)
