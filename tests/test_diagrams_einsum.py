@@ -49,6 +49,8 @@ def test_reads_a_keras_layer_through_from_keras():
     mha(query=query.numpy(), value=memory.numpy())
     figure = cross_attention_shapes(qkv.interop.from_keras(mha), query, memory)
     assert "I × H × O = (8, 3, 4)" in texts_of(figure) and shape_of(figure, "W^K") == (7, 12)
+    direct = cross_attention_shapes(mha, query, memory)  # the Keras layer itself
+    assert texts_of(direct) == texts_of(figure)
 
 
 def test_bad_inputs_name_the_argument_and_the_shapes():

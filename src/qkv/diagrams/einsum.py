@@ -55,9 +55,10 @@ def cross_attention_shapes(
 
     Parameters
     ----------
-    layer : HeadWeights, or a module with ``to_heads()``
-        The layer's per-head weights, e.g. ``qkv.interop.from_keras(keras_layer)``
-        or a :class:`qkv.MultiHeadAttention`. Its query and key heads must be
+    layer : HeadWeights, a module with ``to_heads()``, or a Keras layer
+        The layer: a built ``keras.layers.MultiHeadAttention`` (read with
+        :func:`qkv.interop.from_keras`), a :class:`qkv.MultiHeadAttention`, or
+        per-head weights. Its query and key heads must be
         ``d_k = d_v`` wide and as many (no grouped K/V heads).
     query : Tensor, shape (N, I) or (B, N, I)
         The query input (the decoder's states); of a batch, the first sequence.
@@ -97,7 +98,12 @@ def cross_attention_shapes(
     True
     """
     require_matplotlib()
-    weights = head_weights(layer)
+    if type(layer).__module__.startswith("keras") and hasattr(layer, "key_dense"):
+        from qkv.interop import from_keras
+
+        weights = from_keras(layer)
+    else:
+        weights = head_weights(layer)
     q = as_matrix("query", query, layout="(N, I)")
     kv = as_matrix("memory", memory, layout="(M, I′)")
     require_size("query", q, 1, weights.embed_dim, "features", "the layer's embed_dim")
@@ -114,7 +120,7 @@ def cross_attention_shapes(
     H, O = weights.num_heads, weights.d_k  # noqa: E741
     HO = H * O
 
-    gap_in, text_in = 0.45, 0.55  # inches: the gap between blocks, the room for a caption
+    gap_in, text_in = 0.45, 0.42  # inches: the gap between blocks, the room for a caption
     cells_wide = max(I, I2) + 2 * HO + M + (H - 1) * 0.6
     unit = min(0.16, (_MAX_WIDTH - 4 * gap_in) / cells_wide)
     canvas = Canvas(1, 1, unit=unit, max_width=_MAX_WIDTH)  # resized below, once the layout is known
@@ -132,7 +138,7 @@ def cross_attention_shapes(
     ]
     heights = [above + max(r[3], r[4]) + below for r in rows]
     out_h = above + canvas.inch(0.3) + max(N, HO) + below
-    title_h = canvas.inch(0.45)
+    title_h = canvas.inch(0.4)
     width = max(x_s + M + (H - 1) * stack, x_in + 2 * HO + I + 2 * gap) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
