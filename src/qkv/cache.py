@@ -13,7 +13,7 @@ computes them once as a :class:`KeyValue`, which ``forward`` then takes instead 
 
 See also
 --------
-The chapter :doc:`cross_attention` (book/cross_attention.ipynb) for K and V
+The page :doc:`cross_attention/computed-once` (book/cross_attention/computed-once.ipynb) for K and V
 computed once per source.
 """
 

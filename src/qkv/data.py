@@ -5,7 +5,7 @@ same way on every machine. Each task documents what a model must attend to.
 
 See also
 --------
-The chapters :doc:`cross_attention` (book/cross_attention.ipynb) and
+The chapters :doc:`cross_attention/abacus` (book/cross_attention/abacus.ipynb) and
 :doc:`training` (book/training.ipynb).
 """
 
@@ -508,7 +508,7 @@ class AbacusBeadOrderTask(AbacusSpellingTask):
     See Also
     --------
     qkv.models.TinyEncoderDecoder : the model the chapter trains on it.
-    :doc:`cross_attention` : the task, and where a trained cross-attention looks.
+    :doc:`cross_attention/abacus` : the task, and where a trained cross-attention looks.
 
     Examples
     --------

@@ -398,7 +398,7 @@ def from_keras(layer: Any) -> HeadWeights:
 
     See Also
     --------
-    :doc:`cross_attention` : Keras's layer read and checked, section "Inside the layer: Keras".
+    :doc:`cross_attention/keras-arguments` : Keras's layer read and checked, its argument order.
 
     Examples
     --------

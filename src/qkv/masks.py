@@ -109,7 +109,7 @@ def padding_mask(
     See Also
     --------
     causal_mask
-    :doc:`cross_attention` : sources of different lengths, section "Padding in the source".
+    :doc:`cross_attention/masks` : sources of different lengths, in qkv, PyTorch and Keras.
 
     Examples
     --------

@@ -270,7 +270,7 @@ class DecoderLayer(nn.Module):
     See Also
     --------
     EncoderLayer, TinyEncoderDecoder
-    :doc:`cross_attention` : its two attentions, and why only the self-attention is causal.
+    :doc:`cross_attention/masks` : its two attentions, and why only the self-attention is causal.
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int, memory_dim: int) -> None:
@@ -386,7 +386,8 @@ class TinyEncoderDecoder(nn.Module):
     See Also
     --------
     qkv.data.AbacusSpellingTask, qkv.data.AbacusBeadOrderTask : tasks to train it on.
-    :doc:`cross_attention` : where its trained cross-attention looks, and what is computed once.
+    :doc:`cross_attention/abacus` : where its trained cross-attention looks.
+    :doc:`cross_attention/computed-once` : what its decoder computes once per source.
 
     Examples
     --------

@@ -7,8 +7,8 @@ chapter to show.
 
 See also
 --------
-The chapters :doc:`training` (book/training.ipynb) and :doc:`cross_attention`
-(book/cross_attention.ipynb).
+The chapters :doc:`training` (book/training.ipynb) and :doc:`cross_attention/abacus`
+(book/cross_attention/abacus.ipynb).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def train(
     See Also
     --------
     :doc:`training/recall` : models trained with it, without attention labels.
-    :doc:`cross_attention` : a tiny encoder-decoder trained with it.
+    :doc:`cross_attention/abacus` : a tiny encoder-decoder trained with it.
 
     Examples
     --------

@@ -9,7 +9,7 @@ sandboxed to scripts only, and with several views on one page.
 See also
 --------
 The chapters' views: a model before and after training in :doc:`training`, and a
-trained decoder's cross-attention in :doc:`cross_attention`.
+trained decoder's cross-attention in :doc:`cross_attention/abacus`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from qkv.diagrams._draw import (
     texts_of,
 )
 from qkv.diagrams.backward import backward_paths
+from qkv.diagrams.einsum import cross_attention_shapes
 from qkv.diagrams.equation import (
     causal_leak,
     empty_rows,
@@ -45,6 +46,7 @@ __all__ = [
     "causal_leak",
     "cells",
     "cross_attention",
+    "cross_attention_shapes",
     "data_flow",
     "decoding_step",
     "empty_rows",

@@ -233,7 +233,7 @@ def cross_attention(decoder: object, memory: object, target: object, *, max_laye
     See Also
     --------
     decoding_step, attention_map
-    :doc:`cross_attention` : one layer with two kinds of input, and what is computed once.
+    :doc:`cross_attention/computed-once` : each layer's K and V, computed once per source.
 
     Examples
     --------

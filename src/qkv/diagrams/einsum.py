@@ -1,0 +1,215 @@
+"""The shapes of one cross-attention layer, in the letters of an einsum string.
+
+:func:`cross_attention_shapes` draws one layer's data flow to scale, every block
+named by its einsum letters as well as its sizes: the query ``N × I`` becomes
+``N × H × O`` through W^Q, the memory ``M × I′`` becomes ``M × H × O`` through W^K
+and through W^V, Q and K meet in ``H × N × M`` scores, the scores average V, and
+W^O maps the ``H × O`` head features back to ``I``. The letters are TensorFlow
+Addons' (``"...NI , HIO -> ...NHO"``): N query positions, M key and value
+positions, H heads, I and I′ the inputs' features, O the head size.
+
+See also
+--------
+The chapter :doc:`cross_attention` (book/cross_attention.ipynb): what
+``key=enc_output`` means, and what N, M and O count.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qkv._validation import require_size, shape_str
+from qkv.diagrams._draw import ROLE_COLOURS, Canvas, as_matrix, head_weights, require_matplotlib
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = ["cross_attention_shapes"]
+
+_MAX_WIDTH = 7.0  # inches: the book's column
+
+
+def _mathrm(name: str) -> str:
+    """A Python name as upright maths: ``enc_output`` -> ``\\mathrm{enc\\_output}``."""
+    return r"\mathrm{" + name.replace("_", r"\_") + "}"
+
+
+def cross_attention_shapes(
+    layer: object,
+    query: object,
+    memory: object,
+    *,
+    query_name: str = "query",
+    memory_name: str = "memory",
+    title: str | None = None,
+) -> Figure:
+    """One cross-attention layer to scale, each block named by its einsum letters.
+
+    Three rows project the inputs, ``query (N × I) · W^Q (I × H × O) = Q (N × H × O)``
+    and ``memory (M × I′) · W^K = K``, ``· W^V = V`` (each ``M × H × O``), with white
+    lines between the heads; Q and K meet in the ``H × N × M`` scores, drawn as a
+    stack of N × M maps; the softmaxed scores average V into ``heads (N × H × O)``,
+    and ``W^O (H × O × I)`` maps them back to the query's ``I`` features. The sizes
+    are read from the objects passed; a block's caption gives its letters and its
+    sizes, e.g. ``N × H × O = (4, 2, 5)``.
+
+    Parameters
+    ----------
+    layer : HeadWeights, a module with ``to_heads()``, or a Keras layer
+        The layer: a built ``keras.layers.MultiHeadAttention`` (read with
+        :func:`qkv.interop.from_keras`), a :class:`qkv.MultiHeadAttention`, or
+        per-head weights. Its query and key heads must be
+        ``d_k = d_v`` wide and as many (no grouped K/V heads).
+    query : Tensor, shape (N, I) or (B, N, I)
+        The query input (the decoder's states); of a batch, the first sequence.
+    memory : Tensor, shape (M, I′) or (B, M, I′)
+        The key and value input (the encoder's output); of a batch, the first
+        sequence.
+    query_name, memory_name : str
+        What the two inputs are called in the reader's code (``"out1"``,
+        ``"enc_output"``).
+    title : str, optional
+        A title; the default says what the picture shows.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    Raises
+    ------
+    ValueError
+        When an input's features do not match the layer's weights (``query has 9
+        features, but the layer's embed_dim is 8``), or the layer has grouped K/V
+        heads or ``d_v != d_k``.
+
+    See Also
+    --------
+    qkv.diagrams.cross_attention : every decoder layer of a model, in the book's letters.
+    :doc:`cross_attention` : what ``key=enc_output`` means, and N, M and O.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import qkv
+    >>> from qkv.diagrams import texts_of
+    >>> layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)  # H = 2 heads of O = 5
+    >>> figure = cross_attention_shapes(layer, torch.zeros(4, 10), torch.zeros(7, 6))
+    >>> "H × N × M = (2, 4, 7)" in texts_of(figure)
+    True
+    """
+    require_matplotlib()
+    if type(layer).__module__.startswith("keras") and hasattr(layer, "key_dense"):
+        from qkv.interop import from_keras
+
+        weights = from_keras(layer)
+    else:
+        weights = head_weights(layer)
+    q = as_matrix("query", query, layout="(N, I)")
+    kv = as_matrix("memory", memory, layout="(M, I′)")
+    require_size("query", q, 1, weights.embed_dim, "features", "the layer's embed_dim")
+    require_size("memory", kv, 1, weights.kdim, "features", "the layer's kdim")
+    require_size("memory", kv, 1, weights.vdim, "features", "the layer's vdim")
+    if weights.num_kv_heads != weights.num_heads or weights.d_v != weights.d_k:
+        raise ValueError(
+            "cross_attention_shapes draws one head size O for queries, keys and values: the layer has "
+            f"{weights.num_heads} query heads of d_k = {weights.d_k} and {weights.num_kv_heads} K/V heads "
+            f"of d_v = {weights.d_v} (w_q {shape_str(weights.w_q.shape)}, w_v {shape_str(weights.w_v.shape)})"
+        )
+    N, I = q.shape  # noqa: E741 - the einsum's letters
+    M, I2 = kv.shape
+    H, O = weights.num_heads, weights.d_k  # noqa: E741
+    HO = H * O
+
+    gap_in, text_in = 0.45, 0.42  # inches: the gap between blocks, the room for a caption
+    cells_wide = max(I, I2) + 2 * HO + M + (H - 1) * 0.6
+    unit = min(0.16, (_MAX_WIDTH - 4 * gap_in) / cells_wide)
+    canvas = Canvas(1, 1, unit=unit, max_width=_MAX_WIDTH)  # resized below, once the layout is known
+    gap, above, below = canvas.inch(gap_in), canvas.inch(0.35), canvas.inch(text_in)
+    x_in = canvas.inch(0.1)
+    x_w = x_in + max(I, I2) + gap
+    x_p = x_w + HO + gap
+    x_s = x_p + HO + gap
+    stack = canvas.inch(0.08)
+
+    rows = [
+        ("Q", "q", query_name, N, I, "N × I", "I × H × O", "N × H × O", (N, I), (I, H, O), (N, H, O)),
+        ("K", "k", memory_name, M, I2, "M × I′", "I′ × H × O", "M × H × O", (M, I2), (I2, H, O), (M, H, O)),
+        ("V", "v", memory_name, M, I2, "M × I′", "I′ × H × O", "M × H × O", (M, I2), (I2, H, O), (M, H, O)),
+    ]
+    heights = [above + max(r[3], r[4]) + below for r in rows]
+    out_h = above + canvas.inch(0.3) + max(N, HO) + below
+    title_h = canvas.inch(0.4)
+    width = max(x_s + M + (H - 1) * stack, x_in + 2 * HO + I + 2 * gap) + canvas.inch(1.3)
+    height = title_h + sum(heights) + out_h
+    canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
+    canvas.title(title or "One cross-attention layer, in the einsum's letters")
+
+    def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...]) -> None:
+        canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.05),
+                    f"{letters} = {shape_str(sizes)}", va="top", size=0.8)  # fmt: skip
+
+    def dividers(box: dict[str, float]) -> None:
+        for c in range(O, HO, O):
+            canvas.ax.plot([box["x"] + c] * 2, [box["y"], box["bottom"]], color="#FFFFFF", linewidth=1.8)
+
+    y = title_h
+    boxes: dict[str, dict[str, float]] = {}
+    for (letter, role, name, length, features, l_in, l_w, l_out, s_in, s_w, s_out), h in zip(
+        rows, heights, strict=True
+    ):
+        top = y + above
+        middle = top + min(length, features) / 2
+        box = canvas.matrix(
+            x_in, top, length, features, ROLE_COLOURS["x"], label=_mathrm(name), gid=f"{letter}:input"
+        )
+        caption(box, l_in, s_in)
+        canvas.operator(x_w - gap / 2, middle, "×")
+        box = canvas.matrix(
+            x_w, top, features, HO, ROLE_COLOURS[role], label=f"W^{letter}", gid=f"W^{letter}"
+        )
+        dividers(box)
+        caption(box, l_w, s_w)
+        canvas.operator(x_p - gap / 2, middle, "=")
+        box = canvas.matrix(x_p, top, length, HO, ROLE_COLOURS[role], label=letter, gid=letter)
+        dividers(box)
+        caption(box, l_out, s_out)
+        boxes[letter] = box
+        y += h
+
+    # The scores: H maps of N × M, stacked, level with Q; Q and K arrive from the left.
+    s_top = title_h + above + (H - 1) * stack
+    for j in reversed(range(1, H)):
+        canvas.matrix(x_s + j * stack, s_top - j * stack, N, M, "#F5D08A", grid=False, gid=f"scores:head{j}")
+    scores = canvas.matrix(x_s, s_top, N, M, ROLE_COLOURS["weights"], gid="scores")
+    canvas.text(x_s + (M + (H - 1) * stack) / 2, s_top - (H - 1) * stack - canvas.inch(0.06),
+                r"$Q_i K_i^\top / \sqrt{O}$", va="bottom", size=1.05)  # fmt: skip
+    caption(scores, "H × N × M", (H, N, M))
+    q_box, k_box, v_box = boxes["Q"], boxes["K"], boxes["V"]
+    canvas.arrow(q_box["right"], q_box["y"] + N / 2, x_s, s_top + N / 2)
+    canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s + M / 2, scores["bottom"] + canvas.inch(0.3))
+
+    # The output row: softmax(scores) averages V, head by head; W^O joins the heads.
+    top = y + above + canvas.inch(0.3)  # room above for the lines that arrive
+    middle = top + min(N, HO) / 2
+    heads = canvas.matrix(x_in, top, N, HO, "#8FD3BE", label=r"\mathrm{heads}", gid="heads")
+    dividers(heads)
+    caption(heads, "N × H × O", (N, H, O))
+    x_wo = heads["right"] + gap
+    canvas.operator(x_wo - gap / 2, middle, "×")
+    w_o = canvas.matrix(x_wo, top, HO, I, ROLE_COLOURS["o"], label="W^O", gid="W^O")
+    caption(w_o, "H × O × I", (H, O, I))
+    x_out = w_o["right"] + gap
+    canvas.operator(x_out - gap / 2, middle, "=")
+    out = canvas.matrix(x_out, top, N, I, ROLE_COLOURS["x"], label=r"\mathrm{output}", gid="output")
+    caption(out, "N × I", (N, I))
+    # V leaves for the heads (the weights average its rows), and so do the softmaxed scores.
+    into = top - canvas.inch(0.3)  # just above the heads' label
+    bend = top - canvas.inch(0.5)
+    x_line = x_s + 0.75 * M
+    canvas.ax.plot([x_line, x_line, heads["x"] + HO / 2], [scores["bottom"] + canvas.inch(0.3), bend, bend],
+                   color="#333333", linewidth=1.0)  # fmt: skip
+    canvas.arrow(heads["x"] + HO / 2, bend, heads["x"] + HO / 2, into)
+    canvas.arrow(v_box["x"] + HO / 2, v_box["bottom"] + canvas.inch(0.3), v_box["x"] + HO / 2, bend)
+    canvas.text(x_line + canvas.inch(0.08), (scores["bottom"] + bend) / 2,
+                "softmax over M,\nthen average\nthe rows of V", ha="left", size=0.8)  # fmt: skip
+    return canvas.fit()

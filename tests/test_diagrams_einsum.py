@@ -1,0 +1,70 @@
+"""qkv.diagrams.einsum: one cross-attention layer drawn in the einsum's letters, read back."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+import pytest
+import torch
+
+import qkv
+from qkv.diagrams import cells, matrix_names, texts_of
+from qkv.diagrams.einsum import cross_attention_shapes
+
+matplotlib.use("Agg")
+os.environ.setdefault("KERAS_BACKEND", "torch")  # before keras is imported anywhere
+
+
+def shape_of(figure, name: str) -> tuple[int, int]:
+    rows = cells(figure, name).colours
+    return len(rows), len(rows[0])
+
+
+def test_every_block_is_drawn_to_scale_with_its_letters():
+    N, M, I, I2, H, O = 4, 7, 10, 6, 2, 5  # noqa: E741 - no two sizes alike but H·O = I
+    layer = qkv.MultiHeadAttention(I, H, kdim=I2, vdim=I2)
+    figure = cross_attention_shapes(
+        layer, torch.randn(3, N, I), torch.randn(3, M, I2), memory_name="enc_output"
+    )
+    assert shape_of(figure, "Q:input") == (N, I) and shape_of(figure, "K:input") == (M, I2)
+    assert shape_of(figure, "W^Q") == (I, H * O) and shape_of(figure, "W^K") == (I2, H * O)
+    assert shape_of(figure, "Q") == (N, H * O) and shape_of(figure, "V") == (M, H * O)
+    assert shape_of(figure, "scores") == (N, M)  # one of H stacked maps
+    assert {f"scores:head{j}" for j in range(1, H)} <= set(matrix_names(figure))
+    assert shape_of(figure, "W^O") == (H * O, I) and shape_of(figure, "output") == (N, I)
+    texts = texts_of(figure)
+    for caption in ("N × I = (4, 10)", "M × I′ = (7, 6)", "I′ × H × O = (6, 2, 5)", "N × H × O = (4, 2, 5)",
+                    "M × H × O = (7, 2, 5)", "H × N × M = (2, 4, 7)", "H × O × I = (2, 5, 10)"):  # fmt: skip
+        assert caption in texts, caption
+    assert r"$\mathrm{enc\_output}$" in texts
+
+
+def test_reads_a_keras_layer_through_from_keras():
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "torch":
+        pytest.skip("the Keras layer's weights are read as torch tensors")
+    mha = keras.layers.MultiHeadAttention(num_heads=3, key_dim=4)
+    query, memory = torch.randn(1, 2, 8), torch.randn(1, 5, 7)
+    mha(query=query.numpy(), value=memory.numpy())
+    figure = cross_attention_shapes(qkv.interop.from_keras(mha), query, memory)
+    assert "I × H × O = (8, 3, 4)" in texts_of(figure) and shape_of(figure, "W^K") == (7, 12)
+    direct = cross_attention_shapes(mha, query, memory)  # the Keras layer itself
+    assert texts_of(direct) == texts_of(figure)
+
+
+def test_bad_inputs_name_the_argument_and_the_shapes():
+    layer = qkv.MultiHeadAttention(8, 2, kdim=6, vdim=6)
+    with pytest.raises(
+        ValueError, match=r"query has 9 features, but the layer's embed_dim is 8 \(query has shape \(4, 9\)\)"
+    ):
+        cross_attention_shapes(layer, torch.randn(4, 9), torch.randn(7, 6))
+    with pytest.raises(ValueError, match=r"memory has 5 features, but the layer's kdim is 6"):
+        cross_attention_shapes(layer, torch.randn(4, 8), torch.randn(7, 5))
+    with pytest.raises(TypeError, match=r"query must be a torch\.Tensor"):
+        cross_attention_shapes(layer, [[0.0] * 8], torch.randn(7, 6))
+    with pytest.raises(TypeError, match=r"layer must be a qkv\.HeadWeights"):
+        cross_attention_shapes(object(), torch.randn(4, 8), torch.randn(7, 6))
+    grouped = qkv.MultiHeadAttention(8, 2, num_kv_heads=1)
+    with pytest.raises(ValueError, match="2 query heads of d_k = 4 and 1 K/V heads"):
+        cross_attention_shapes(grouped, torch.randn(4, 8), torch.randn(7, 8))
