@@ -20,6 +20,8 @@ from qkv.gradients import attention_backward, softmax_backward
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
+    from qkv.heads import HeadWeights
+
 __all__ = ["backward_paths"]
 
 
@@ -36,6 +38,17 @@ def _shades(values: torch.Tensor, colour: str) -> list[list[str]]:
         return to_hex((1 - ink * (1 - red), 1 - ink * (1 - green), 1 - ink * (1 - blue)))
 
     return [[mix(float(f)) for f in row] for row in scale]
+
+
+def require_self_attention_head(weights: HeadWeights, head: object, drawer: str) -> None:
+    """Refuse cross-attention sizes and a head outside the layer, naming the drawer."""
+    if weights.kdim != weights.embed_dim or weights.vdim != weights.embed_dim:
+        raise ValueError(
+            f"{drawer} draws self-attention: the layer's kdim ({weights.kdim}) and vdim "
+            f"({weights.vdim}) must equal d_model ({weights.embed_dim})"
+        )
+    if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < weights.num_heads:
+        raise ValueError(f"head must be an int in [0, {weights.num_heads}), got {head!r}")
 
 
 def backward_paths(
@@ -90,13 +103,7 @@ def backward_paths(
     first = batch_first_of(layer)
     x2 = as_matrix("x", x, layout="(T, d_model)", batch_first=first)
     require_size("x", x2, 1, weights.embed_dim, "features", "the layer's d_model")
-    if weights.kdim != weights.embed_dim or weights.vdim != weights.embed_dim:
-        raise ValueError(
-            f"backward_paths draws self-attention: the layer's kdim ({weights.kdim}) and vdim "
-            f"({weights.vdim}) must equal d_model ({weights.embed_dim})"
-        )
-    if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < weights.num_heads:
-        raise ValueError(f"head must be an int in [0, {weights.num_heads}), got {head!r}")
+    require_self_attention_head(weights, head, "backward_paths")
     group = weights.num_heads // weights.num_kv_heads
     kv = head // group  # the K/V head this query head reads
     length = x2.shape[0]

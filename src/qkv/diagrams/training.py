@@ -15,7 +15,7 @@ import torch
 
 from qkv._validation import shape_str
 from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, Canvas, layer_inputs
-from qkv.diagrams.backward import _shades
+from qkv.diagrams.backward import _shades, require_self_attention_head
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -79,13 +79,7 @@ def one_loss(
     ['X', 'W^Q', 'Q', 'W^K', 'K', 'W^V', 'V', 'W^O']
     """
     weights, x2, _, _ = layer_inputs(layer, x, None, None)
-    if weights.kdim != weights.embed_dim or weights.vdim != weights.embed_dim:
-        raise ValueError(
-            f"one_loss draws self-attention: the layer's kdim ({weights.kdim}) and vdim "
-            f"({weights.vdim}) must equal d_model ({weights.embed_dim})"
-        )
-    if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < weights.num_heads:
-        raise ValueError(f"head must be an int in [0, {weights.num_heads}), got {head!r}")
+    require_self_attention_head(weights, head, "one_loss")
     norms = _gradient_norms(gradients)
     kv = head // (weights.num_heads // weights.num_kv_heads)
     x2 = x2.to(weights.w_q.dtype)
