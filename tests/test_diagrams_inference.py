@@ -228,6 +228,7 @@ def test_attention_map_hatches_masked_cells_and_keeps_them_off_the_colour_scale(
 
 
 def test_attention_map_of_a_padded_batch_averages_heads_and_labels_tokens():
+    torch.manual_seed(0)  # the draw must not depend on which tests ran before
     lengths = torch.tensor([7, 5])
     pad = qkv.padding_mask(lengths, 7)  # (B, 1, 1, S)
     cross = qkv.MultiHeadAttention(16, 4, kdim=10, vdim=10)
@@ -236,7 +237,8 @@ def test_attention_map_of_a_padded_batch_averages_heads_and_labels_tokens():
     figure = attention_map(weights, pad, sequence=1, queries=["<s>", "le", "chat", "noir"], keys=tokens)
     assert hatched(figure) == {(t, s) for t in range(4) for s in (5, 6)}  # T = 4 queries, S = 7 keys
     mean = weights[1].mean(0).detach().numpy()  # (T, S)
-    np.testing.assert_allclose(figure.axes[0].images[0].get_array()[:, :5], mean[:, :5])
+    # float32 weights drawn as float64: one float32 rounding apart (rtol 1e-7 failed 19 of 300 draws)
+    np.testing.assert_allclose(figure.axes[0].images[0].get_array()[:, :5], mean[:, :5], rtol=1e-6)
     ax = figure.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == tokens and ax.get_ylabel() == "query"
     assert figure.axes[1].get_ylabel() == "attention weight (mean of 4 heads)"
