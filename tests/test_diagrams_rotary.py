@@ -68,7 +68,7 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     assert boxes["R_s"].get_edgecolor()[:3] == matplotlib.colors.to_rgb(ROLE_COLOURS["k"])
     assert boxes["no-rotation"].get_linestyle() == "--"
     texts = qkv.diagrams.texts_of(figure)
-    assert {"(5, 12)", "(12, 3×4)", "t = 0…4, size 4", "no turn", "output (5, 12)"} <= set(texts)
+    assert {"(5, 12)", "(12, 3×4)", "t = 0…4, size 4", "no rotation", "output (5, 12)"} <= set(texts)
     assert not any(text.startswith("row ") for text in texts)  # columns only: R_t q_t
     score = r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"
     rotated = {r"$\tilde q_t = R_t q_t$", r"$\tilde k_s = R_s k_s$", score}
@@ -103,7 +103,7 @@ def test_value_shift_draws_the_outputs_qkv_computes():
     before, after = (torch.as_tensor(lines[gid].get_xydata()) for gid in ("before-0", "after-0"))
     torch.testing.assert_close(before, after)  # raw values: the shift moves nothing
     turn = round(math.degrees(100 * 1.0) + 180) % 360 - 180  # pair 0 turns one radian per position
-    assert figure.axes[1].get_title().endswith(f"= {turn:+d}°".replace("-", "−"))
+    assert figure.axes[1].get_title().endswith(f"= 100 rad ≡ {turn:+d}°".replace("-", "−"))
 
 
 @pytest.mark.parametrize("seed", range(4))

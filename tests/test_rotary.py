@@ -361,6 +361,20 @@ def test_position_scores_draws_the_scores_and_their_range_along_each_diagonal():
         qkv.diagrams.position_scores({})
 
 
+def test_position_scores_hatches_exactly_the_cells_a_causal_mask_hides():
+    import matplotlib
+    from matplotlib.path import Path
+
+    matplotlib.use("Agg")
+    figure = qkv.diagrams.position_scores({"a": randn(5, 7), "b": randn(5, 7, seed=1)}, causal=True)
+    for n in (0, 1):
+        (patch,) = [p for p in figure.axes[n].patches if p.get_gid() == f"masked-{n}"]
+        outline = Path(patch.get_xy())
+        inside = {(t, s) for t in range(5) for s in range(7) if outline.contains_point((s, t))}
+        assert inside == {(t, s) for t in range(5) for s in range(7) if s > t}
+    assert not [p for p in qkv.diagrams.position_scores({"a": randn(5, 7)}).axes[0].patches]
+
+
 @pytest.mark.parametrize("d_k", [4, 8])
 def test_pairings_colours_partners_alike_and_draws_the_conversion(d_k):
     import matplotlib

@@ -141,7 +141,7 @@ def rotation(
         for position, name in ((t, "q"), (s, "k")):
             if position == 0:  # not turned: the "before" arrow lies under the turned one
                 corner = 0.97 if name == "q" else 0.88  # top left, one line apart
-                ax.text(0.03, corner, f"{name} before = {name} turned (position 0)", transform=ax.transAxes,
+                ax.text(0.03, corner, f"{name} before = {name} rotated (position 0)", transform=ax.transAxes,
                         ha="left", va="top", fontsize=FONT - 3, color=ROLE_COLOURS[name],
                         gid=f"{name}-unturned-{n}")  # fmt: skip
         title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°".replace("-", "−")
@@ -156,8 +156,8 @@ def rotation(
         ax.set_xticks([])
         ax.set_yticks([])
     handles = [
-        Line2D([], [], color=ROLE_COLOURS["q"], linewidth=2.5, label="q turned by t·θ"),
-        Line2D([], [], color=ROLE_COLOURS["k"], linewidth=2.5, label="k turned by s·θ"),
+        Line2D([], [], color=ROLE_COLOURS["q"], linewidth=2.5, label="q rotated by t·θ"),
+        Line2D([], [], color=ROLE_COLOURS["k"], linewidth=2.5, label="k rotated by s·θ"),
         Line2D([], [], color=ROLE_COLOURS["q"], alpha=0.4, linewidth=1, label="q before"),
         Line2D([], [], color=ROLE_COLOURS["k"], alpha=0.4, linewidth=1, label="k before"),
     ]
@@ -179,7 +179,11 @@ def _diagonal_spread(scores: torch.Tensor) -> float:
 
 
 def position_scores(
-    panels: Mapping[str, torch.Tensor], *, title: str | None = None, label: str = "score q·k"
+    panels: Mapping[str, torch.Tensor],
+    *,
+    title: str | None = None,
+    label: str = "score q·k",
+    causal: bool = False,
 ) -> Figure:
     """Scores by position: one heat map per way of encoding position, row t a query position.
 
@@ -189,6 +193,8 @@ def position_scores(
     in stripes parallel to the diagonal. Each panel's title gives the largest range
     of its scores along any one diagonal, read from the scores (0.00 for stripes).
     The colour scale is shared, centred at 0, in 21 discrete levels (``SCORE_LEVELS``).
+    With ``causal``, the cells a causal mask hides (key after query, s > t) are hatched
+    and labelled "masked (s > t)"; their scores are still drawn beneath.
 
     Parameters
     ----------
@@ -198,11 +204,14 @@ def position_scores(
         The figure's title: say what to look at.
     label : str
         The colour bar's label: say what was computed (``q·k``, or ``q·k/√d_k``).
+    causal : bool
+        Whether to hatch the cells s > t, which a causal mask hides.
 
     Returns
     -------
     matplotlib.figure.Figure
         Panel n's image has ``gid`` ``"scores-{n}"``; its array is the scores drawn.
+        With ``causal``, panel n's hatched region is a patch with ``gid`` ``"masked-{n}"``.
 
     See Also
     --------
@@ -224,6 +233,7 @@ def position_scores(
     require_matplotlib()
     from matplotlib import colormaps
     from matplotlib.figure import Figure
+    from matplotlib.patches import Polygon
     from matplotlib.ticker import MaxNLocator
 
     if not isinstance(panels, Mapping) or not panels:
@@ -246,6 +256,16 @@ def position_scores(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=FONT - 3)
+        rows, cols = grid.shape
+        last = min(rows, cols - 1) - 1  # the last row t with a key after it, s > t
+        if causal and last >= 0:  # a staircase around the cells s > t, in pixel coordinates
+            stairs = [(u + 0.5, v) for t in range(last, -1, -1) for u, v in ((t, t + 0.5), (t, t - 0.5))]
+            outline = [(cols - 0.5, -0.5), (cols - 0.5, last + 0.5), *stairs]
+            ax.add_patch(Polygon(outline, closed=True, fill=False, hatch="///", edgecolor=TEXT_COLOUR,
+                                 linewidth=0.8, alpha=0.6, gid=f"masked-{n}"))  # fmt: skip
+            ax.text(0.97, 0.97, "masked (s > t)", transform=ax.transAxes, ha="right", va="top",
+                    fontsize=FONT - 3, color=TEXT_COLOUR, bbox={"facecolor": "white", "edgecolor": "none",
+                    "pad": 1.5})  # fmt: skip
     axes[0].set_ylabel("query position t", fontsize=FONT - 1)
     figure.colorbar(images[0], ax=list(axes), label=label, shrink=0.9)
     if title:
@@ -321,7 +341,7 @@ def pairings(d_k: int = 8) -> Figure:
     ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
     ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
     ax.set_ylim(-0.05, 1.55)
-    ax.set_title(r"Dimensions of one colour turn together (pair $j$, by $t\theta_j$)", fontsize=FONT)
+    ax.set_title(r"Dimensions of one colour rotate together (pair $j$, by $t\theta_j$)", fontsize=FONT)
     ax.axis("off")
     return figure
 
@@ -329,7 +349,7 @@ def pairings(d_k: int = 8) -> Figure:
 def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: bool = True) -> Figure:
     """Where position enters a rotary layer: R_t after W^Q and R_s after W^K meet in the score; V unturned.
 
-    Three rows, one per role, for one head: the input X, the weight, the rotation,
+    Three rows, one per role, for one head: the input X, the parameters, the rotation,
     the product, then the attention. The query row turns ``q_t`` by ``R_t`` (the
     angles ``t · θ_j`` of its position t) into ``q̃_t``, the key row ``k_s`` by ``R_s``
     into ``k̃_s``; the two meet in the score ``q̃_tᵀ k̃_s / √d_k``, whose softmax
@@ -413,17 +433,18 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         style = {"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 0, "shrinkB": 0}
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=style)
 
-    headers = ["input", "weights", "position", "one head", "attention", "projection"]
+    headers = ["input", "parameters", "position", "one head", "attention", "projection"]
     for c, header in enumerate(headers):
         ax.text(column[c] + box_w / 2, 0.17, header, ha="center", va="center", fontsize=FONT * 0.8,
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
-        ("q", "W^Q", f"{h}×{d_k}", ("R_t", ["$R_t$", r"turn by $t\theta_j$"]),
+        ("q", "W^Q", f"{h}×{d_k}", ("R_t", ["$R_t$", r"rotate by $t\theta_j$"]),
          [r"$\tilde q_t = R_t q_t$", f"t = 0…{T - 1}, size {d_k}"]),
-        ("k", "W^K", f"{h_kv}×{d_k}", ("R_s", ["$R_s$", r"turn by $s\theta_j$"]),
+        ("k", "W^K", f"{h_kv}×{d_k}", ("R_s", ["$R_s$", r"rotate by $s\theta_j$"]),
          [r"$\tilde k_s = R_s k_s$", f"s = 0…{T - 1}, size {d_k}"]),
-        ("v", "W^V", f"{h_kv}×{d_v}", ("no-rotation", ["no turn"]), ["$v_s$", f"s = 0…{T - 1}, size {d_v}"]),
+        ("v", "W^V", f"{h_kv}×{d_v}", ("no-rotation", ["no rotation"]),
+         ["$v_s$", f"s = 0…{T - 1}, size {d_v}"]),
     ]  # fmt: skip
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
         colour = ROLE_COLOURS[role]
@@ -626,9 +647,11 @@ def value_shift(
         ax.set_ylabel(f"output dimension {b}", fontsize=FONT - 1)
         ax.tick_params(labelsize=FONT - 3)
     turned_by = f"{turn:+.0f}°".replace("-", "−")
+    radians = f"{shift * rotary.frequencies()[pair].item():.3g}".replace("-", "−")  # c·θ_j, unreduced
     axes[0].set_title("raw values: every $o_t$ stays put", fontsize=FONT)
     axes[1].set_title(
-        f"rotated values: in pair {pair}'s plane,\nevery $o_t$ turns by $c\\theta_{pair}$ = {turned_by}",
+        f"rotated values: in pair {pair}'s plane, every $o_t$\n"
+        f"rotates by $c\\theta_{pair}$ = {radians} rad ≡ {turned_by}",
         fontsize=FONT,
     )
     handles, labels = axes[1].get_legend_handles_labels()
