@@ -348,7 +348,10 @@ def test_kv_sharing_draws_each_query_head_reading_its_kv_head():
     texts = texts_of(figure)
     titles = [ax.get_title() for ax in figure.axes]
     assert titles == ["multi-head (MHA)", "grouped-query (GQA)", "multi-query (MQA)"]
-    assert any("8 numbers per token (1/6)" in t for t in texts)  # 2 · 1 · d_k = 8
+    assert any("= 8 numbers (1/6)" in t for t in texts)  # 2 · h_kv · d_k = 2 · 1 · 4
+    assert any("per token per layer" in t for t in texts)
+    assert "$Q_{1}$" in texts and "$Q_{6}$" in texts and "$Q_{0}$" not in texts  # from 1
+    assert any("$K_{1}$" in t for t in texts) and not any("$K_{0}$" in t for t in texts)
     # Per-head weights draw the same:
     assert len(patches_by_gid(kv_sharing([layers[1].to_heads()]), "kv:0:")) == 3
 

@@ -980,7 +980,7 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
     (2, 8)
     >>> [ax.get_title() for ax in figure.axes]
     ['multi-head (MHA)', 'grouped-query (GQA)', 'multi-query (MQA)']
-    >>> "cached: 16 numbers per token (2/8)" in " ".join(texts_of(figure))
+    >>> "= 16 numbers (2/8)" in " ".join(texts_of(figure))
     True
     """
     require_matplotlib()
@@ -1011,14 +1011,15 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
             ax.add_patch(Rectangle((x - size / 2, 0), size, size, facecolor=head_colour(j),
                                    edgecolor=EDGE_COLOUR, gid=f"kv:{n}:{j}"))  # fmt: skip
             if h <= 8:
-                ax.text(x, -0.2, math(f"K_{j}") + "\n" + math(f"V_{j}"), ha="center", va="top",
-                        fontsize=FONT - 2, color=TEXT_COLOUR, linespacing=1.1)  # fmt: skip
+                kv_label = math(f"K_{{{j + 1}}}") + "\n" + math(f"V_{{{j + 1}}}")  # from 1
+                ax.text(x, -0.2, kv_label, ha="center", va="top", fontsize=FONT - 2,
+                        color=TEXT_COLOUR, linespacing=1.1)  # fmt: skip
         for i in range(h):  # the query heads, coloured by the K/V head they read
             j = i // group
             ax.add_patch(Rectangle((i - size / 2, 2.2), size, size, facecolor=head_colour(j),
                                    alpha=0.55, edgecolor=EDGE_COLOUR, gid=f"query:{n}:{i}"))  # fmt: skip
             if h <= 8:
-                ax.text(i, 3.15, math(f"Q_{i}"), ha="center", va="bottom", fontsize=FONT - 2,
+                ax.text(i, 3.15, math(f"Q_{{{i + 1}}}"), ha="center", va="bottom", fontsize=FONT - 2,
                         color=TEXT_COLOUR)  # fmt: skip
             ax.plot([i, j * group + (group - 1) / 2], [2.2, size], color=head_colour(j),
                     linewidth=1.2, gid=f"reads:{n}:{i}")  # fmt: skip
@@ -1029,6 +1030,9 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
         ax.set_title(_sharing_name(h, h_kv), fontsize=FONT)
         cached = 2 * h_kv * w.d_k
         share = "" if h_kv == h else f" ({h_kv}/{h})"
-        label = f"$h$ = {h}, $h_{{kv}}$ = {h_kv}\ncached: {cached} numbers per token{share}"
-        ax.text((h - 1) / 2, -1.75, label, ha="center", va="top", fontsize=FONT - 2, color=TEXT_COLOUR)
+        label = (  # heads are numbered from 1, as in the book's text
+            f"$h$ = {h}, $h_{{kv}}$ = {h_kv}, $d_k$ = {w.d_k}\ncached per token per layer:\n"
+            f"$2 h_{{kv}} d_k$ = {cached} numbers{share}"
+        )
+        ax.text((h - 1) / 2, -1.6, label, ha="center", va="top", fontsize=FONT - 2, color=TEXT_COLOUR)
     return figure
