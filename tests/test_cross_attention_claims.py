@@ -160,3 +160,18 @@ def test_key_and_value_inputs_of_different_widths_share_only_their_length():
     assert out.shape == (2, 4, 8)
     with pytest.raises(ValueError, match="value has 4 positions"):
         layer(query, key, value[:, :4])
+
+
+def test_keras_source_names_the_axes_with_its_own_letters():
+    """The cross-attention page's letter table: Keras's comments call the heads N and the head size H."""
+    import inspect
+
+    keras = pytest.importorskip("keras")
+    mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=5)
+    mha(query=torch.randn(1, 4, 8).numpy(), value=torch.randn(1, 7, 6).numpy())
+    call = inspect.getsource(type(mha).call)
+    for comment in ("#   N = `num_attention_heads`", "#   H = `size_per_head`",
+                    "# `query` = [B, T, N, H]", "# `key` = [B, S, N, H]"):  # fmt: skip
+        assert comment in call, comment
+    assert "key = self._key_dense(key)" in call  # the key input goes through W^K
+    assert mha.query_dense.equation == "abc,cde->abde"  # its einsums use letters in order

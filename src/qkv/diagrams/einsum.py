@@ -49,7 +49,9 @@ def cross_attention_shapes(
     and ``memory (M × I′) · W^K = K``, ``· W^V = V`` (each ``M × H × O``), with white
     lines between the heads; Q and K meet in the ``H × N × M`` scores, drawn as a
     stack of N × M maps; the softmaxed scores average V into ``heads (N × H × O)``,
-    and ``W^O (H × O × I)`` maps them back to the query's ``I`` features. The sizes
+    and ``W^O (H × O × I)``, its head blocks of O rows split by white lines, maps
+    them back to the query's ``I`` features. One sequence, no batch axis; the
+    biases are left out. The sizes
     are read from the objects passed; a block's caption gives its letters and its
     sizes, e.g. ``N × H × O = (4, 2, 5)``.
 
@@ -142,7 +144,7 @@ def cross_attention_shapes(
     width = max(x_s + M + (H - 1) * stack, x_in + 2 * HO + I + 2 * gap) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
-    canvas.title(title or "One cross-attention layer, in the einsum's letters")
+    canvas.title(title or "One cross-attention layer in the einsum's letters (one sequence, no biases)")
 
     def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...]) -> None:
         canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.05),
@@ -151,6 +153,10 @@ def cross_attention_shapes(
     def dividers(box: dict[str, float]) -> None:
         for c in range(O, HO, O):
             canvas.ax.plot([box["x"] + c] * 2, [box["y"], box["bottom"]], color="#FFFFFF", linewidth=1.8)
+
+    def row_dividers(box: dict[str, float]) -> None:  # W^O: one block of O rows per head
+        for r in range(O, HO, O):
+            canvas.ax.plot([box["x"], box["right"]], [box["y"] + r] * 2, color="#FFFFFF", linewidth=1.8)
 
     y = title_h
     boxes: dict[str, dict[str, float]] = {}
@@ -182,11 +188,11 @@ def cross_attention_shapes(
         canvas.matrix(x_s + j * stack, s_top - j * stack, N, M, "#F5D08A", grid=False, gid=f"scores:head{j}")
     scores = canvas.matrix(x_s, s_top, N, M, ROLE_COLOURS["weights"], gid="scores")
     canvas.text(x_s + (M + (H - 1) * stack) / 2, s_top - (H - 1) * stack - canvas.inch(0.06),
-                r"$Q_i K_i^\top / \sqrt{O}$", va="bottom", size=1.05)  # fmt: skip
+                r"$Q K^\top / \sqrt{O}$ per head", va="bottom", size=1.05)  # fmt: skip
     caption(scores, "H × N × M", (H, N, M))
     q_box, k_box, v_box = boxes["Q"], boxes["K"], boxes["V"]
     canvas.arrow(q_box["right"], q_box["y"] + N / 2, x_s, s_top + N / 2)
-    canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s + M / 2, scores["bottom"] + canvas.inch(0.3))
+    canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s, s_top + 0.85 * N)  # ends on the block
 
     # The output row: softmax(scores) averages V, head by head; W^O joins the heads.
     top = y + above + canvas.inch(0.3)  # room above for the lines that arrive
@@ -197,6 +203,7 @@ def cross_attention_shapes(
     x_wo = heads["right"] + gap
     canvas.operator(x_wo - gap / 2, middle, "×")
     w_o = canvas.matrix(x_wo, top, HO, I, ROLE_COLOURS["o"], label="W^O", gid="W^O")
+    row_dividers(w_o)
     caption(w_o, "H × O × I", (H, O, I))
     x_out = w_o["right"] + gap
     canvas.operator(x_out - gap / 2, middle, "=")
