@@ -136,6 +136,10 @@ def test_empty_rows_frames_each_row_with_no_key():
     assert not any(patches_by_gid(figure, f"fixed:empty:{t}") for t in range(4))
     assert [ax.get_title() for ax in figure.axes] == ["left + causal", "fixed"]
     assert all(ax.get_ylabel() == "query position t" for ax in figure.axes)
+    for ax in figure.axes:  # each title centred over its grid, not over the notes
+        left, right = ax.get_xlim()
+        centre = left + ax.title.get_position()[0] * (right - left)
+        assert centre == pytest.approx((4 - 1) / 2)  # the middle of keys 0 to 3
 
 
 def test_empty_rows_checks_its_inputs():

@@ -815,7 +815,8 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
         ax.set_xticks(range(S))
         ax.spines[["top", "right"]].set_visible(False)
         ax.spines["bottom"].set_bounds(-0.5, S - 0.5)  # the grid's width, not the note's
-        ax.set_title(name, fontsize=FONT - 2)
+        # centred over the grid, not over the grid and its "no key" notes
+        ax.set_title(name, fontsize=FONT - 2, x=(S / 2) / (S + 2.4))
     legend = [
         Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["k"], edgecolor=EDGE_COLOUR, label="a key it may use"),
         Rectangle(
