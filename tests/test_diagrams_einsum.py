@@ -38,6 +38,9 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
                     "M × H × O = (7, 2, 5)", "H × N × M = (2, 4, 7)", "H × O × I = (2, 5, 10)"):  # fmt: skip
         assert caption in texts, caption
     assert r"$\mathrm{enc\_output}$" in texts
+    legend = next(t for t in texts if t.startswith("N: query's positions"))
+    assert "M: enc_output's positions" in legend and "O: head size (key_dim)" in legend
+    assert shape_of(figure, "residual") == (N, I)  # the decoder's query + output, N × I
 
 
 def test_reads_a_keras_layer_through_from_keras():

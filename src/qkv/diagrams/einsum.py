@@ -4,9 +4,12 @@
 named by its einsum letters as well as its sizes: the query ``N × I`` becomes
 ``N × H × O`` through W^Q, the memory ``M × I′`` becomes ``M × H × O`` through W^K
 and through W^V, Q and K meet in ``H × N × M`` scores, the scores average V, and
-W^O maps the ``H × O`` head features back to ``I``. The letters are TensorFlow
-Addons' (``"...NI , HIO -> ...NHO"``): N query positions, M key and value
-positions, H heads, I and I′ the inputs' features, O the head size.
+W^O maps the ``H × O`` head features back to ``I``, and the residual adds the query.
+The letters are TensorFlow Addons' (``"...NI , HIO -> ...NHO"``): N query positions,
+M key and value positions, H heads, I and I′ the inputs' features, O the head size.
+O means the head size throughout: Addons' own output string, ``"...NHI,HIO->...NO"``,
+reuses I for the head size and O for the output's features; here W^O is
+``H × O × I``.
 
 See also
 --------
@@ -50,8 +53,10 @@ def cross_attention_shapes(
     lines between the heads; Q and K meet in the ``H × N × M`` scores, drawn as a
     stack of N × M maps; the softmaxed scores average V into ``heads (N × H × O)``,
     and ``W^O (H × O × I)``, its head blocks of O rows split by white lines, maps
-    them back to the query's ``I`` features. One sequence, no batch axis; the
-    biases are left out. The sizes
+    them back to the query's ``I`` features, as wide as the query, which the
+    decoder's residual adds. A line under the title says what each letter counts;
+    O is the head size throughout (Addons' output string reuses I and O otherwise).
+    One sequence, no batch axis; the biases are left out. The sizes
     are read from the objects passed; a block's caption gives its letters and its
     sizes, e.g. ``N × H × O = (4, 2, 5)``.
 
@@ -140,11 +145,15 @@ def cross_attention_shapes(
     ]
     heights = [above + max(r[3], r[4]) + below for r in rows]
     out_h = above + canvas.inch(0.3) + max(N, HO) + below
-    title_h = canvas.inch(0.4)
-    width = max(x_s + M + (H - 1) * stack, x_in + 2 * HO + I + 2 * gap) + canvas.inch(1.3)
+    title_h = canvas.inch(0.75)  # the title and the line of letters
+    width = max(x_s + M + (H - 1) * stack, x_in + HO + 3 * I + 4 * gap) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
-    canvas.title(title or "One cross-attention layer in the einsum's letters (one sequence, no biases)")
+    canvas.title(title or "One cross-attention layer in Addons' einsum letters (one sequence, no biases)")
+    legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
+              f"H: heads\nO: head size (key_dim), in $W^O$ too   I, I′: the widths of {query_name} "
+              f"and {memory_name}")  # fmt: skip
+    canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
 
     def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...]) -> None:
         canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.05),
@@ -189,7 +198,8 @@ def cross_attention_shapes(
     scores = canvas.matrix(x_s, s_top, N, M, ROLE_COLOURS["weights"], gid="scores")
     canvas.text(x_s + (M + (H - 1) * stack) / 2, s_top - (H - 1) * stack - canvas.inch(0.06),
                 r"$Q K^\top / \sqrt{O}$ per head", va="bottom", size=1.05)  # fmt: skip
-    caption(scores, "H × N × M", (H, N, M))
+    canvas.text(scores["x"], scores["bottom"] + canvas.inch(0.05), f"H × N × M = {shape_str((H, N, M))}",
+                ha="left", va="top", size=0.8)  # fmt: skip  # left-aligned: clear of K's arrow
     q_box, k_box, v_box = boxes["Q"], boxes["K"], boxes["V"]
     canvas.arrow(q_box["right"], q_box["y"] + N / 2, x_s, s_top + N / 2)
     canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s, s_top + 0.85 * N)  # ends on the block
@@ -209,6 +219,13 @@ def cross_attention_shapes(
     canvas.operator(x_out - gap / 2, middle, "=")
     out = canvas.matrix(x_out, top, N, I, ROLE_COLOURS["x"], label=r"\mathrm{output}", gid="output")
     caption(out, "N × I", (N, I))
+    # The decoder's residual: out1 + output, which only an I-wide output can join.
+    x_res = out["right"] + gap
+    canvas.operator(x_res - gap / 2, middle, "+")
+    res = canvas.matrix(x_res, top, N, I, ROLE_COLOURS["x"], label=_mathrm(query_name), gid="residual")
+    caption(res, "N × I", (N, I))
+    residual_note = "the decoder adds the query:\nonly an N × I output fits"
+    canvas.text(res["x"], res["bottom"] + canvas.inch(0.25), residual_note, ha="left", va="top", size=0.8)
     # V leaves for the heads (the weights average its rows), and so do the softmaxed scores.
     into = top - canvas.inch(0.3)  # just above the heads' label
     bend = top - canvas.inch(0.5)
