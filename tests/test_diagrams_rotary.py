@@ -59,6 +59,16 @@ def test_the_angle_is_signed_and_an_unturned_arrow_is_named():
     assert "counter-clockwise" in figure.legends[0].get_title().get_text()
 
 
+def test_a_key_after_its_query_is_marked_masked_only_when_causal():
+    rope = qkv.RotaryEmbedding(6, angle_dtype=torch.float64)
+    q, k = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    figure = qkv.diagrams.rotation(q, k, rope, [(2, 0), (1, 1), (0, 2)], causal=True)
+    masked = ["masked in a causal model" in ax.get_title() for ax in figure.axes]
+    assert masked == [False, False, True]  # only s > t
+    plain = qkv.diagrams.rotation(q, k, rope, [(0, 2)])
+    assert "masked" not in plain.axes[0].get_title()
+
+
 def test_position_flow_turns_queries_and_keys_and_not_values():
     mha = qkv.MultiHeadAttention(12, 3)  # d_k = 4
     figure = qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(4))
@@ -73,10 +83,10 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     score = r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"
     rotated = {r"$\tilde q_t = R_t q_t$", r"$\tilde k_s = R_s k_s$", score}
     assert rotated <= set(texts)  # the rotated query and key have their own symbols
-    assert "causal: s ≤ t" in texts  # the mask: the second place position enters
+    assert "mask: s ≤ t" in texts  # the mask: the second place position enters
     rope = qkv.RotaryEmbedding(4)
     unmasked = qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, rope, causal=False)
-    assert "causal: s ≤ t" not in qkv.diagrams.texts_of(unmasked)
+    assert "mask: s ≤ t" not in qkv.diagrams.texts_of(unmasked)
     with pytest.raises(ValueError, match="the layer's heads have d_k=4, but rotary is for d_k=8"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(8))
     with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):

@@ -50,6 +50,7 @@ def rotation(
     positions: Sequence[tuple[int, int]],
     *,
     pair: int = 0,
+    causal: bool = False,
 ) -> Figure:
     """One query and one key turned by their positions, in the plane of one pair of dimensions.
 
@@ -60,7 +61,8 @@ def rotation(
     0 a vector is not turned, and its two arrows coincide: a note says so. A legend
     below the panels names the arrows, the pair and the sign convention. The rotations
     are computed by ``rotary`` itself. Pairs with the same ``t - s`` leave the same
-    angle.
+    angle. With ``causal``, a panel whose key comes after its query (s > t) says in its
+    title that a causal model masks that score.
 
     Parameters
     ----------
@@ -72,6 +74,8 @@ def rotation(
         The query's position t and the key's position s, one panel each.
     pair : int
         Which pair of dimensions j to draw (0, the fastest, by default).
+    causal : bool
+        Whether to mark the panels with s > t as masked in a causal model.
 
     Returns
     -------
@@ -145,6 +149,8 @@ def rotation(
                         ha="left", va="top", fontsize=FONT - 3, color=ROLE_COLOURS[name],
                         gid=f"{name}-unturned-{n}")  # fmt: skip
         title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°".replace("-", "−")
+        if causal and s > t:  # a key after its query: a causal mask hides this score
+            title += "\nmasked in a causal model"
         ax.set_title(title, fontsize=FONT)
         ax.set_xlim(-reach, reach)
         ax.set_ylim(-reach, reach)
@@ -457,7 +463,7 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         box(3, top[i], top[i] + box_h, colour, product, role)
     weights_colour = ROLE_COLOURS["weights"]
     score = [r"$a_{ts}$", "softmax over s of", r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"]
-    score += ["causal: s ≤ t"] if causal else []  # the second place position enters
+    score += ["mask: s ≤ t"] if causal else []  # the second place position enters
     box(4, top[0], top[1] + box_h, weights_colour, score, "score")
     for i in (0, 1):
         arrow(column[3] + box_w, middle[i], column[4], middle[i])
