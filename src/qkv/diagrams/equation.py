@@ -93,6 +93,29 @@ def _boolean_matrix(name: str, value: object, expected: str, *, square: bool = F
 NAN_COLOUR = "#000000"
 
 
+def _mask_cell(ax: Axes, row: int, column: int, colour: str, *, hatched: bool, gid: str) -> None:
+    """One cell of a mask grid: its colour, hatched where the mask blocks it."""
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(
+        Rectangle(
+            (column - 0.5, row - 0.5), 1, 1, facecolor=colour, edgecolor=EDGE_COLOUR, linewidth=0.6,
+            hatch=MASKED_HATCH if hatched else None, gid=gid,
+        )
+    )  # fmt: skip
+
+
+def _finish_plot(ax: Axes, xlabel: str, ylabel: str, title: str | None) -> None:
+    """Label a line or scatter plot's axes, grid it, and put its legend on the right."""
+    ax.set_xlabel(xlabel, fontsize=FONT - 1)
+    ax.set_ylabel(ylabel, fontsize=FONT - 1)
+    ax.tick_params(labelsize=FONT - 2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    if title:
+        ax.set_title(title, fontsize=FONT)
+
+
 def largest_weight_curves(
     d_ks: Sequence[int],
     largest: Mapping[str, Sequence[float]],
@@ -165,13 +188,7 @@ def largest_weight_curves(
     ax.set_xscale("log", base=2)
     ax.set_xticks(widths, [f"{d:,}" for d in widths])
     ax.set_ylim(0, 1)
-    ax.set_xlabel("head width $d_k$", fontsize=FONT - 1)
-    ax.set_ylabel("average largest weight", fontsize=FONT - 1)
-    ax.tick_params(labelsize=FONT - 2)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    if title:
-        ax.set_title(title, fontsize=FONT)
+    _finish_plot(ax, "head width $d_k$", "average largest weight", title)
     return figure
 
 
@@ -450,13 +467,7 @@ def output_hull(
             made[:, 0], made[:, 1], s=70, marker=marker, color=colour, label=f"outputs, {name}",
             gid=f"outputs-{name}", zorder=4,
         )  # fmt: skip
-    ax.set_xlabel("value feature 1", fontsize=FONT - 1)
-    ax.set_ylabel("value feature 2", fontsize=FONT - 1)
-    ax.tick_params(labelsize=FONT - 2)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    if title:
-        ax.set_title(title, fontsize=FONT)
+    _finish_plot(ax, "value feature 1", "value feature 2", title)
     return figure
 
 
@@ -567,18 +578,7 @@ def mask_conventions(
                 is_open = bool(open_cells[b, s])
                 is_nan = text[b][s] == "NaN"
                 colour = NAN_COLOUR if is_nan else (ROLE_COLOURS["k"] if is_open else MASKED_COLOUR)
-                ax.add_patch(
-                    Rectangle(
-                        (s - 0.5, b - 0.5),
-                        1,
-                        1,
-                        facecolor=colour,
-                        edgecolor=EDGE_COLOUR,
-                        linewidth=0.6,
-                        hatch=None if is_open or is_nan else MASKED_HATCH,
-                        gid=f"{name}:{b}:{s}",
-                    )
-                )
+                _mask_cell(ax, b, s, colour, hatched=not (is_open or is_nan), gid=f"{name}:{b}:{s}")
                 ink = "white" if is_open or is_nan else TEXT_COLOUR
                 box = None if is_open or is_nan else {"facecolor": "white", "edgecolor": "none", "pad": 3}
                 ax.text(s, b, text[b][s], ha="center", va="center", fontsize=FONT - 2, color=ink, bbox=box)
@@ -780,18 +780,7 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
             for s in range(S):
                 is_open = bool(grid[t, s])
                 colour = ROLE_COLOURS["k"] if is_open else MASKED_COLOUR
-                ax.add_patch(
-                    Rectangle(
-                        (s - 0.5, t - 0.5),
-                        1,
-                        1,
-                        facecolor=colour,
-                        edgecolor=EDGE_COLOUR,
-                        linewidth=0.6,
-                        hatch=None if is_open else MASKED_HATCH,
-                        gid=f"{name}:{t}:{s}",
-                    )
-                )
+                _mask_cell(ax, t, s, colour, hatched=not is_open, gid=f"{name}:{t}:{s}")
                 colours[-1].append(colour)
             if not grid[t].any():
                 ax.add_patch(
