@@ -71,6 +71,7 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     assert "query 0's weights" in figure.axes[3].get_title()
     assert figure.axes[3].get_title().startswith("Mistake")
     assert "SDPA's rule" in figure.axes[2].get_title()  # 1/0 is SDPA's convention
+    assert "(SDPA)" in figure.axes[0].get_title()  # the abbreviation, defined where drawn
 
 
 def test_mask_conventions_checks_its_inputs():
@@ -140,6 +141,21 @@ def test_empty_rows_frames_each_row_with_no_key():
         left, right = ax.get_xlim()
         centre = left + ax.title.get_position()[0] * (right - left)
         assert centre == pytest.approx((4 - 1) / 2)  # the middle of keys 0 to 3
+
+
+def test_empty_rows_marks_the_padding_queries_on_the_y_axis():
+    left = torch.tensor([False, False, True, True])  # (S,): two pads on the left
+    combined = left & qkv.causal_mask(4)  # (T, S): rows 0 and 1 have no key
+    figure = qkv.diagrams.empty_rows(
+        {"marked": combined, "plain": combined}, padding={"marked": ~left}
+    )
+    marked, plain = figure.axes
+    assert [t.get_text() for t in marked.get_yticklabels()] == ["0 pad", "1 pad", "2", "3"]
+    assert [t.get_text() for t in plain.get_yticklabels()] == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match="does not have"):
+        qkv.diagrams.empty_rows({"a": combined}, padding={"b": ~left})
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        qkv.diagrams.empty_rows({"a": combined}, padding={"a": torch.ones(3, dtype=torch.bool)})
 
 
 def test_empty_rows_checks_its_inputs():

@@ -527,7 +527,7 @@ def mask_conventions(
     panels: list[tuple[str, str, list[list[str]], torch.Tensor]] = [
         (
             "sdpa",
-            "F.scaled_dot_product_attention, qkv:\nTrue = may attend",
+            "F.scaled_dot_product_attention (SDPA):\nTrue = may attend",
             [["T" if a else "F" for a in row] for row in allowed.tolist()],
             allowed,
         ),
@@ -714,7 +714,12 @@ def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None)
     return figure
 
 
-def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -> Figure:
+def empty_rows(
+    masks: Mapping[str, torch.Tensor],
+    *,
+    title: str | None = None,
+    padding: Mapping[str, torch.Tensor] | None = None,
+) -> Figure:
     """Combined (T, S) masks side by side, each query row that has no key left framed.
 
     One panel per mask, one row per query t, one column per key s. A cell the mask
@@ -731,13 +736,16 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
         Each panel's heading and its mask, True = may attend. All of one shape.
     title : str, optional
         The figure's title: say what to look at.
+    padding : mapping of str to Tensor of bool, shape (T,), optional
+        For the panels it names, True where query t is a padding token: its row's
+        label on the y axis reads ``"t pad"``, so a reader sees whose rows are empty.
 
     Returns
     -------
     matplotlib.figure.Figure
         ``qkv.diagrams.cells(figure, heading)`` reads each panel back: whether each
         cell is hatched (blocked), and its text ("" everywhere). Each framed row is a
-        patch with gid ``"{heading}:empty:{t}"``.
+        patch with gid ``"{heading}:empty:{t}"``; the y tick labels carry the padding.
 
     See Also
     --------
@@ -765,6 +773,17 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
     if len(shapes) > 1:
         raise ValueError(f"masks must share one shape (T, S), got {sorted(shapes)}")
     T, S = next(iter(grids.values())).shape
+    pads: dict[str, list[bool]] = {}
+    for name, flags in (padding or {}).items():
+        if name not in grids:
+            raise ValueError(f"padding names a panel {name!r} that masks does not have")
+        pad = require_tensor(f"padding[{name!r}]", flags, ndim=1, layout="(T,)", floating=False)
+        if pad.dtype != torch.bool or tuple(pad.shape) != (T,):
+            raise ValueError(
+                f"padding[{name!r}] must be a boolean tensor of shape ({T},), "
+                f"got shape {shape_str(pad.shape)}, dtype {pad.dtype}"
+            )
+        pads[name] = pad.tolist()
     columns = 2 if len(grids) > 3 else len(grids)  # four panels: two rows of two
     grid_rows = -(-len(grids) // columns)
     figure = Figure(
@@ -800,6 +819,8 @@ def empty_rows(masks: Mapping[str, torch.Tensor], *, title: str | None = None) -
             figure, name, Cells(colours=colours, hatched=(~grid).tolist(), text=text, corner=(0.0, 0.0))
         )
         _key_grid(ax, T, S, "query position t")
+        if name in pads:  # the padding's own queries, marked on the y axis
+            ax.set_yticklabels([f"{t} pad" if pad else str(t) for t, pad in enumerate(pads[name])])
         ax.set_xlim(-0.5, S + 1.9)
         ax.set_xticks(range(S))
         ax.spines[["top", "right"]].set_visible(False)
