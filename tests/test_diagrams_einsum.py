@@ -40,6 +40,7 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
     assert r"$\mathrm{enc\_output}$" in texts
     legend = next(t for t in texts if t.startswith("N: query's positions"))
     assert "M: enc_output's positions" in legend and "O: head size (key_dim)" in legend
+    assert "W^O" not in legend  # W^O's O means output, not the head size O
     assert shape_of(figure, "residual") == (N, I)  # the decoder's query + output, N × I
 
 

@@ -151,7 +151,7 @@ def cross_attention_shapes(
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
     canvas.title(title or "One cross-attention layer in Addons' einsum letters (one sequence, no biases)")
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
-              f"H: heads\nO: head size (key_dim), in $W^O$ too   I, I′: the widths of {query_name} "
+              f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
               f"and {memory_name}")  # fmt: skip
     canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
 
