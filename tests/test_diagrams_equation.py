@@ -72,6 +72,7 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     assert figure.axes[3].get_title().startswith("Mistake")
     assert "SDPA's rule" in figure.axes[2].get_title()  # 1/0 is SDPA's convention
     assert "(SDPA)" in figure.axes[0].get_title()  # the abbreviation, defined where drawn
+    assert "mask[:, None, None, :]" in figure.axes[0].get_title()  # the shape SDPA takes
 
 
 def test_mask_conventions_checks_its_inputs():

@@ -527,7 +527,7 @@ def mask_conventions(
     panels: list[tuple[str, str, list[list[str]], torch.Tensor]] = [
         (
             "sdpa",
-            "F.scaled_dot_product_attention (SDPA):\nTrue = may attend",
+            "F.scaled_dot_product_attention (SDPA):\nTrue = may attend\n(passed as mask[:, None, None, :])",
             [["T" if a else "F" for a in row] for row in allowed.tolist()],
             allowed,
         ),
