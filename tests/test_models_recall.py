@@ -75,3 +75,20 @@ def test_model_errors():
         RecallModel(4, 4)(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
     with pytest.raises(TypeError, match="num_keys must be an int"):
         RecallModel(4.0, 4)
+
+
+def test_recall_model_mask_self_false_lets_positions_attend_to_themselves():
+    task = AssociativeRecall(num_pairs=5, num_keys=8, num_values=6)
+    batch = task.sample(3, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    masked = RecallModel(8, 6, embed_dim=16)
+    torch.manual_seed(0)
+    unmasked = RecallModel(8, 6, embed_dim=16, mask_self=False)
+    assert masked.mask_self and not unmasked.mask_self
+    _, weights = unmasked(batch.keys, batch.values, need_weights=True)
+    assert weights.diagonal(dim1=-2, dim2=-1).min() > 0  # each position on itself
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 1, 6))
+    with torch.no_grad():
+        x = unmasked.key_embedding(batch.keys) + unmasked.value_embedding(batch.values)
+        expected = unmasked.readout(unmasked.attention(x)[0][:, -1])  # no mask at all
+    torch.testing.assert_close(unmasked(batch.keys, batch.values), expected)

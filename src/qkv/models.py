@@ -35,7 +35,8 @@ class RecallModel(nn.Module):
 
     Each position's input is the sum of its key's and its value's embeddings
     (no positions: the match is by content). One :class:`qkv.MultiHeadAttention`
-    layer, without biases, in which no position attends to itself; a linear
+    layer, without biases, in which no position attends to itself (unless
+    ``mask_self=False``); a linear
     readout of the query position's output gives the logits over values.
     Nothing tells the layer where to attend: only the answer's loss trains it.
 
@@ -47,6 +48,9 @@ class RecallModel(nn.Module):
         d_model.
     num_heads : int
         h.
+    mask_self : bool
+        Mask each position's score with itself (the default). With ``False``
+        every position may attend to itself as well.
 
     Attributes
     ----------
@@ -61,8 +65,17 @@ class RecallModel(nn.Module):
     :doc:`training/recall` : trained without attention labels.
     """
 
-    def __init__(self, num_keys: int, num_values: int, embed_dim: int = 32, num_heads: int = 1) -> None:
+    def __init__(
+        self,
+        num_keys: int,
+        num_values: int,
+        embed_dim: int = 32,
+        num_heads: int = 1,
+        *,
+        mask_self: bool = True,
+    ) -> None:
         super().__init__()
+        self.mask_self = mask_self
         self.num_keys = require_positive_int("num_keys", num_keys)
         self.num_values = require_positive_int("num_values", num_values)
         self.key_embedding = nn.Embedding(num_keys, embed_dim)
@@ -98,7 +111,7 @@ class RecallModel(nn.Module):
             )
         x = self.key_embedding(keys) + self.value_embedding(values)  # (B, L, d_model)
         length = x.shape[1]
-        mask = ~torch.eye(length, dtype=torch.bool, device=x.device)  # (L, L): not oneself
+        mask = ~torch.eye(length, dtype=torch.bool, device=x.device) if self.mask_self else None  # (L, L)
         output, weights = self.attention(x, mask=mask, need_weights=True)  # (B, L, d_model)
         logits = self.readout(output[:, -1])  # (B, num_values)
         return (logits, weights) if need_weights else logits
