@@ -149,7 +149,8 @@ def cross_attention_shapes(
     width = max(x_s + M + (H - 1) * stack, x_in + HO + 3 * I + 4 * gap) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
-    canvas.title(title or "One cross-attention layer in Addons' einsum letters (one sequence, no biases)")
+    canvas.title(title or "One cross-attention layer in the page's letters "
+                 "(Addons', O the head size; one sequence, no biases)")
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
               f"and {memory_name}")  # fmt: skip
