@@ -155,10 +155,23 @@ def _small_cache_layer():
         ),
         lambda: qkv.diagrams.decoding_step(*_small_cache_layer()),
         lambda: qkv.diagrams.kv_sharing([qkv.MultiHeadAttention(4, 2, num_kv_heads=1)]),
+        lambda: qkv.diagrams.cache_growth(1),
         lambda: qkv.diagrams.one_loss(torch.randn(2, 4), qkv.MultiHeadAttention(4, 1)),
     ],
-    ids=["packed-1-1", "packed-3-2", "reshape-1-2-1", "reshape-2-1-1", "heads-from-one", "multi-head",
-         "projection", "backward", "decoding-step", "kv-sharing", "one-loss"],
+    ids=[
+        "packed-1-1",
+        "packed-3-2",
+        "reshape-1-2-1",
+        "reshape-2-1-1",
+        "heads-from-one",
+        "multi-head",
+        "projection",
+        "backward",
+        "decoding-step",
+        "kv-sharing",
+        "cache-growth",
+        "one-loss",
+    ],
 )
 def test_small_diagrams_keep_every_text_inside_the_figure(draw):
     # Texts do not shrink with the cells: with few cells a title is wider than the

@@ -13,7 +13,7 @@ import torch
 import qkv
 from qkv.diagrams import HEAD_COLOURS, ROLE_COLOURS, matrix_names, patches_by_gid, texts_of
 from qkv.diagrams._draw import MASKED_COLOUR, MASKED_HATCH
-from qkv.diagrams.inference import attention_map, cross_attention, decoding_step
+from qkv.diagrams.inference import attention_map, cache_growth, cross_attention, decoding_step
 from qkv.models import DecoderLayer, EncoderDecoderConfig, TinyEncoderDecoder
 
 matplotlib.use("Agg")
@@ -145,10 +145,11 @@ def test_decoding_step_groups_query_heads_over_their_kv_head(num_kv_heads, d_k, 
     (k_t,) = grid(figure, "k_t")
     assert k_t == [HEAD_COLOURS[c // d_k].lower() for c in range(num_kv_heads * d_k)]
     texts = texts_of(figure)
-    shared = ", ".join(str(i) for i in range(group, 2 * group))
+    shared = ", ".join(str(i) for i in range(group + 1, 2 * group + 1))  # numbered from 1
     for text in (f"(1, {h * d_k})", f"(1, {num_kv_heads * d_k})", f"(1, {num_kv_heads * d_v})",
                  f"({cached + 1}, {d_k})", f"({cached + 1}, {d_v})", "(1, 24)",
-                 f"K/V head 1: query heads {shared}", "$q_{t,4}$", "$K_1$", "$V_1$"):  # fmt: skip
+                 f"K/V head 2: query heads {shared}", f"$q_{{t,{h}}}$", "$K_1$", "$V_1$",
+                 f"$K_{num_kv_heads}$"):  # fmt: skip
         assert text in texts
 
 
@@ -162,7 +163,8 @@ def test_decoding_step_draws_the_new_row_apart_from_the_cached_ones():
         (outline,) = patches_by_gid(figure, f"new-row:{name}")
         top = qkv.diagrams.cells(figure, name).corner[1]
         assert outline.get_y() == pytest.approx(top + 4) and outline.get_height() == 1  # the last row only
-    assert "K/V head 2: query head 2" in texts_of(figure)
+    assert "K/V head 3: query head 3" in texts_of(figure)  # heads numbered from 1
+    assert "$q_{t,0}$" not in texts_of(figure) and "$K_0$" not in texts_of(figure)
     assert any("4 earlier tokens (room for 10)" in t for t in texts_of(figure))
     first = decoding_step(mha, cache_after(mha, 0))  # the first token: nothing cached yet
     assert shape_of(first, "K0") == (1, 4) and patches_by_gid(first, "new-row:K0")
@@ -182,6 +184,25 @@ def test_decoding_step_refuses_a_cache_of_another_shape():
         decoding_step(qkv.PerHeadMultiHeadAttention(24, 6), qkv.KVCache(1, 6, 4, max_length=8))
     with pytest.raises(TypeError, match=r"cache must be a qkv\.KVCache .* got Tensor"):
         decoding_step(mha, torch.zeros(1, 2, 5, 4))
+
+
+# --- cache_growth ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cached", [1, 4, 9])
+def test_cache_growth_adds_a_row_and_a_column_masked_for_earlier_rows(cached):
+    figure = cache_growth(cached)
+    before, after = qkv.diagrams.cells(figure, "before"), qkv.diagrams.cells(figure, "after")
+    assert len(before.colours) == cached and len(after.colours) == cached + 1
+    causal = qkv.causal_mask(cached + 1).numpy()  # True: may attend
+    assert after.hatched == (~causal).tolist()  # the causal triangle, new column included
+    assert before.hatched == [row[:cached] for row in after.hatched[:cached]]  # old rows kept
+    assert [row[cached] for row in after.hatched] == [True] * cached + [False]  # new key
+    assert after.colours[:cached] == [[*row[:cached], MASKED_COLOUR] for row in before.colours]
+    assert set(after.colours[cached]).isdisjoint(after.colours[0])  # the new row stands out
+    assert {p.get_gid() for p in figure.axes[0].patches} >= {"new-row", "new-column"}
+    with pytest.raises(ValueError):
+        cache_growth(0)
 
 
 # --- attention_map -----------------------------------------------------------------------------
@@ -348,7 +369,10 @@ def test_kv_sharing_draws_each_query_head_reading_its_kv_head():
     texts = texts_of(figure)
     titles = [ax.get_title() for ax in figure.axes]
     assert titles == ["multi-head (MHA)", "grouped-query (GQA)", "multi-query (MQA)"]
-    assert any("= 8 numbers (1/6)" in t for t in texts)  # 2 · h_kv · d_k = 2 · 1 · 4
+    assert any("= 8 numbers (1/6)" in t for t in texts)  # h_kv · (d_k + d_v) = 1 · (4 + 4)
+    assert any("$h_{kv} (d_k + d_v)$" in t for t in texts)
+    odd = kv_sharing([qkv.MultiHeadAttention(24, 6, num_kv_heads=2, d_k=4, d_v=3)])
+    assert any("$d_v$ = 3" in t and "= 14 numbers (2/6)" in t for t in texts_of(odd))
     assert any("per token per layer" in t for t in texts)
     assert "$Q_{1}$" in texts and "$Q_{6}$" in texts and "$Q_{0}$" not in texts  # from 1
     assert any("$K_{1}$" in t for t in texts) and not any("$K_{0}$" in t for t in texts)

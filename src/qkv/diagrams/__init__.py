@@ -31,7 +31,7 @@ from qkv.diagrams.equation import (
 )
 from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
-from qkv.diagrams.inference import attention_map, cross_attention, decoding_step, kv_sharing
+from qkv.diagrams.inference import attention_map, cache_growth, cross_attention, decoding_step, kv_sharing
 from qkv.diagrams.roles import data_flow
 from qkv.diagrams.rotary import pairings, position_flow, position_scores, rotation, value_shift
 from qkv.diagrams.training import one_loss
@@ -43,6 +43,7 @@ __all__ = [
     "Cells",
     "attention_map",
     "backward_paths",
+    "cache_growth",
     "causal_leak",
     "cells",
     "cross_attention",

@@ -445,7 +445,8 @@ def decoding_step(layer: object, cache: object) -> Figure:
 
     At the top, the new token x_t (1 × d_model) and its projections q_t, k_t, v_t,
     one row each, coloured by head. Below, one panel per K/V head j: the query
-    heads that share it (head i uses K/V head ``i // (h / h_kv)``), each a
+    heads that share it (head i uses K/V head ``i // (h / h_kv)``; the labels
+    number heads from 1, as the book's text does, the gids from 0), each a
     1 × d_k row, and that head's keys K_j and values V_j, (length + 1) × d_k and
     (length + 1) × d_v: the cached rows light, the new row (this step's k_t and
     v_t, appended) in full colour and outlined. Query heads are drawn in the
@@ -481,10 +482,10 @@ def decoding_step(layer: object, cache: object) -> Figure:
     >>> prompt = torch.randn(1, 5, 24)  # 5 tokens
     >>> _ = mha(prompt, cache=cache, is_causal=True)
     >>> figure = decoding_step(mha, cache)
-    >>> keys = cells(figure, "K0").colours  # K/V head 0's keys after the step
+    >>> keys = cells(figure, "K0").colours  # K/V head 1's keys (gid K0) after the step
     >>> len(keys), len(keys[0])  # (5 cached + 1 new, d_k)
     (6, 4)
-    >>> # query head 2 (columns 8..11) reads K/V head 0:
+    >>> # query head 3 (columns 8..11) reads K/V head 1:
     >>> cells(figure, "q_t").colours[0][2 * 4] == keys[-1][0]
     True
     """
@@ -592,7 +593,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
         canvas.text(
             px,
             py + scale.line / 2,
-            f"K/V head {j}: {shared} {', '.join(map(str, heads))}",
+            f"K/V head {j + 1}: {shared} {', '.join(str(i + 1) for i in heads)}",  # from 1
             ha="left",
             size=0.95,
             weight="bold",
@@ -607,7 +608,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
             canvas.text(
                 x_q - scale.units(0.08),
                 q_top + 0.5,
-                f"$q_{{t,{i}}}$",
+                f"$q_{{t,{i + 1}}}$",  # heads numbered from 1, as in the text
                 ha="right",
                 size=0.95,
                 gid=f"q{i}:label",
@@ -626,7 +627,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
                 cols,
                 colour,
                 cell_colours=cells,
-                label=f"{name}_{_sub(j)}",
+                label=f"{name}_{_sub(j + 1)}",
                 shape=(rows, cols),
                 grid=grid,
                 frame=ROLE_COLOURS[role],
@@ -948,8 +949,8 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
     0); below, its h_kv K/V heads (K/V head j), the ones a KV cache stores; a line from
     each query head to the K/V head it reads, ``j = i // (h / h_kv)``. Query heads
     take the colour of their K/V head, so a group reads at a glance. Under each
-    panel, the K and V numbers cached per token and layer, ``2 · h_kv · d_k``, and
-    their fraction of the multi-head layer's ``2 · h · d_k``.
+    panel, the K and V numbers cached per token and layer, ``h_kv · (d_k + d_v)``, and
+    their fraction of the multi-head layer's ``h · (d_k + d_v)``.
 
     Parameters
     ----------
@@ -1028,11 +1029,87 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
         ax.set_aspect("equal")
         ax.axis("off")
         ax.set_title(_sharing_name(h, h_kv), fontsize=FONT)
-        cached = 2 * h_kv * w.d_k
+        cached = h_kv * (w.d_k + w.d_v)  # a key and a value per K/V head
         share = "" if h_kv == h else f" ({h_kv}/{h})"
         label = (  # heads are numbered from 1, as in the book's text
-            f"$h$ = {h}, $h_{{kv}}$ = {h_kv}, $d_k$ = {w.d_k}\ncached per token per layer:\n"
-            f"$2 h_{{kv}} d_k$ = {cached} numbers{share}"
+            f"$h$ = {h}, $h_{{kv}}$ = {h_kv}, $d_k$ = {w.d_k}, $d_v$ = {w.d_v}\n"
+            f"cached per token per layer:\n$h_{{kv}} (d_k + d_v)$ = {cached} numbers{share}"
         )
         ax.text((h - 1) / 2, -1.6, label, ha="center", va="top", fontsize=FONT - 2, color=TEXT_COLOUR)
     return figure
+
+
+def cache_growth(cached: int) -> Figure:
+    """The causal score matrix before and after one decoding step: one new row, one new column.
+
+    Left, the ``cached × cached`` scores $q_t k_s^\\top$ of the tokens so far (row
+    t a query, column s a key; above the diagonal masked). Right, the same after
+    one more token: a new row (the new query, in full colour, reading every key)
+    and a new column (the new key), masked for every earlier row, so the earlier
+    rows, and the outputs made from them, are unchanged. Earlier cells are drawn
+    light: they were computed at earlier steps and are not computed again.
+
+    Parameters
+    ----------
+    cached : int
+        Tokens before the step (at least 1).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``cells(figure, "before")`` and ``cells(figure, "after")`` read the two
+        matrices back (colours, and which cells are hatched as masked).
+
+    See Also
+    --------
+    decoding_step : the same step drawn with its query, key and value rows.
+    :doc:`inference` : why the cache keeps K and V and not Q.
+
+    Examples
+    --------
+    >>> from qkv.diagrams import cells
+    >>> from qkv.diagrams.inference import cache_growth
+    >>> after = cells(cache_growth(4), "after")
+    >>> [row[4] for row in after.hatched]  # the new key: masked for every earlier row
+    [True, True, True, True, False]
+    """
+    cached = require_positive_int("cached", cached)
+    from matplotlib.patches import Rectangle
+
+    rows = cached + 1
+    scale = _Scale(min(0.3, (_MAX_WIDTH - 4.0) / (2 * rows)))  # big cells: few of them
+    gap, margin = scale.units(1.1), scale.units(0.3)
+    top = scale.line * 1.6 + scale.above
+    width = margin + cached + gap + rows + scale.units(2.6)
+    height = top + rows + scale.below + scale.line * 3.2
+    canvas = _canvas(width, height, scale)
+    canvas.title(f"Causal scores, one step: {cached} tokens, then {rows}")
+    colour = ROLE_COLOURS["q"]
+    light = _lighter(colour)
+
+    def cells_of(n: int, new: bool) -> tuple[list[list[str]], list[list[bool]]]:
+        colours = [[colour if new and t == n - 1 else light for s in range(n)] for t in range(n)]
+        return colours, [[s > t for s in range(n)] for t in range(n)]
+
+    for name, x, n, new in (("before", margin, cached, False), ("after", margin + cached + gap, rows, True)):
+        colours, masked = cells_of(n, new)
+        size = "(T + 1)" if new else "T"
+        label = math(f"{size} \\times {size}")
+        canvas.matrix(x, top, n, n, colour, cell_colours=colours, hatch_cells=masked, label=label,
+                      frame=ROLE_COLOURS["q"], gid=name)  # fmt: skip
+    x_after = margin + cached + gap
+    middle = top + cached / 2
+    canvas.arrow(margin + cached + 0.2, middle, x_after - 0.2, middle, label="+1 token")
+    outlines = (
+        ("new-row", (x_after, top + cached, rows, 1)),
+        ("new-column", (x_after + cached, top, 1, rows)),
+    )
+    for gid, (x, y, w, h) in outlines:
+        outline = Rectangle((x, y), w, h, fill=False, edgecolor=EDGE_COLOUR, linewidth=1.8, gid=gid)
+        canvas.ax.add_patch(outline)
+    x_text = x_after + rows + scale.units(0.12)
+    canvas.text(x_text, top + cached + 0.5, "new query: a new row", ha="left", size=0.85)
+    canvas.text(x_text, middle, "new key: a new column,\nmasked for earlier rows", ha="left", size=0.85)
+    legend = "light: computed at earlier steps, unchanged\nhatched: masked (a later key)"
+    canvas.text(margin, top + rows + scale.below + scale.line, legend, ha="left", va="top", size=0.85)
+    return canvas.fit()
