@@ -169,7 +169,7 @@ def test_views_in_the_book(open_page, relative: str, width: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("relative", "dark"), [("book/api.html", True), ("book/cross_attention.html", False)]
+    ("relative", "dark"), [("book/api.html", True), ("book/cross_attention/abacus.html", False)]
 )
 def test_the_view_takes_the_colours_of_its_background(open_page, relative: str, dark: bool) -> None:
     """In the book's dark mode, a view on the page's dark background takes the lighter head
@@ -185,7 +185,7 @@ def test_the_view_takes_the_colours_of_its_background(open_page, relative: str, 
 
 def test_what_the_chapters_say_their_views_show(open_page) -> None:
     """The prose's promises that only the browser can check."""
-    page, _ = open_page("book/training.html")
+    page, _ = open_page("book/training/recall.html")
     _wait_ready(page, page.locator(VIEW).count())
     recall = page.locator(VIEW).first
     recall.locator("button.qkv-av-token").nth(3).click()
