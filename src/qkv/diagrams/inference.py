@@ -1042,7 +1042,7 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
 def cache_growth(cached: int) -> Figure:
     """The causal score matrix before and after one decoding step: one new row, one new column.
 
-    Left, the ``cached × cached`` scores $q_t k_s^\\top$ of the tokens so far (row
+    Left, the ``cached × cached`` scores :math:`q_t k_s^\\top` of the tokens so far (row
     t a query, column s a key; above the diagonal masked). Right, the same after
     one more token: a new row (the new query, in full colour, reading every key)
     and a new column (the new key), masked for every earlier row, so the earlier
