@@ -71,6 +71,25 @@ MEANINGLESS_ALT_JS = """
 """
 
 
+# After a resize: the fonts loaded, MathJax done, and two frames drawn, so the layout that
+# axe and the overflow checks measure is the one the reader sees, not one halfway through
+# (on a loaded machine, a fixed pause was sometimes too short).
+SETTLE_JS = """
+async () => {
+    await document.fonts.ready;
+    if (window.MathJax && window.MathJax.startup && window.MathJax.startup.promise) {
+        await window.MathJax.startup.promise;
+    }
+    await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+}
+"""
+
+
+def settle(page: Any) -> None:
+    """Wait until the page's layout is at rest (fonts, MathJax, two animation frames)."""
+    page.evaluate(SETTLE_JS)
+
+
 def wait_for_maths(page: Any) -> dict[str, Any]:
     """Wait until MathJax has typeset the page; say what it left untypeset."""
     return page.evaluate(UNRENDERED_MATH_JS)
@@ -465,7 +484,7 @@ def find_accessibility_violations(page: Any, rules: str = "all", *, code: bool =
     # mode changes, and web fonts can still be swapping in; axe would catch them halfway.
     page.add_style_tag(content="*, *::before, *::after { transition: none !important; "
                        "animation: none !important; }")  # fmt: skip
-    page.evaluate("document.fonts.ready.then(() => true)")
+    settle(page)
     context = None if code else {"exclude": [[".highlight"]]}
     results = Axe().run(page, context=context, options=options)
     problems = []

@@ -52,6 +52,7 @@ from page_checks import (
     find_wider_than_column,
     find_wider_than_window,
     search_results,
+    settle,
     wait_for_maths,
 )
 
@@ -173,6 +174,7 @@ def test_page_reads_well(open_page, relative: str) -> None:
         if width != PHONE:
             page.set_viewport_size({"width": width, "height": 900})
             page.wait_for_timeout(200)  # the resize handlers
+            settle(page)
         failures[f"wider than a {width} px window"] = find_wider_than_window(page)
         failures[f"display maths cut off, no sign that it scrolls ({width} px)"] = find_clipped_maths(page)
         if width == DESKTOP:
@@ -203,6 +205,7 @@ def _check_dark_mode(open_page, relative: str, code: bool, failures: dict[str, l
     _screenshot(dark, relative, DESKTOP, "dark", full_page=False)
     dark.set_viewport_size({"width": PHONE, "height": 900})
     dark.wait_for_timeout(200)
+    settle(dark)
     _screenshot(dark, relative, PHONE, "dark", full_page=False)
     failures["console errors"] += dark_problems.console_errors
     failures["requests to other hosts"] += dark_problems.external_requests
