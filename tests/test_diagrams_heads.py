@@ -142,6 +142,10 @@ def test_multi_head_can_colour_w_o_rows_by_head():
     rows = grid(figure, "W^O")  # (h·d_v, d_model): head i's rows in its colour
     for i in (1, 2, 3):
         assert {colour for row in rows[2 * (i - 1) : 2 * i] for colour in row} == {HEADS[i - 1]}
+    texts = texts_of(figure)
+    assert {"$W_1^O$", "$W_2^O$", "$W_3^O$"} <= set(texts)  # each block named inside it
+    assert any("\\sum_i \\mathrm{head}_i" in t for t in texts)  # and the sum in the title
+    assert "$W_1^O$" not in texts_of(multi_head(MHA, torch.randn(4, 12)))  # only with head_rows
 
 
 def test_bad_input_is_named():

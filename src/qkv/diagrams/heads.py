@@ -399,9 +399,10 @@ def multi_head(layer: object, x: object, *, head_rows: bool = False) -> Figure:
     x : Tensor, shape (T, d_model) or (B, T, d_model)
         The query input, which gives T; of a batch, the first sequence.
     head_rows : bool
-        Colour W^O's row blocks by head: head i's output meets only rows
-        (i-1)·d_v to i·d_v of W^O, so the output is the sum over heads of
-        head_i W_i^O. By default W^O is drawn in one colour.
+        Colour W^O's row blocks by head and name each W_i^O inside it: head i's
+        output meets only rows (i-1)·d_v to i·d_v of W^O, so the output is the
+        sum over heads of head_i W_i^O, which the title then writes. By default
+        W^O is drawn in one colour.
 
     Returns
     -------
@@ -451,7 +452,10 @@ def multi_head(layer: object, x: object, *, head_rows: bool = False) -> Figure:
     x_heads = max(gap / 2, centre - heads_width / 2)
     top = canvas.inch(_TITLE + _ABOVE)
     concat_top = top + T + canvas.inch(_BELOW + down + _ABOVE)
-    canvas.title("Multi-head attention: $\\mathrm{Concat}(\\mathrm{head}_1, …, \\mathrm{head}_h)\\,W^O$")
+    title = "Multi-head attention: $\\mathrm{Concat}(\\mathrm{head}_1, …, \\mathrm{head}_h)\\,W^O$"
+    if head_rows:  # the row blocks make the sum visible: say it
+        title += " = $\\sum_i \\mathrm{head}_i\\,W_i^O$"
+    canvas.title(title)
     crowded = (d_v + head_gap) * canvas.unit < 0.6  # inches per head: too narrow for every label
     for i in range(h):
         labelled = not crowded or i in (0, h - 1)  # when crowded, the first and the last head only
@@ -467,6 +471,15 @@ def multi_head(layer: object, x: object, *, head_rows: bool = False) -> Figure:
     canvas.operator(x_w - gap / 2, concat_top + T / 2, "×")
     canvas.matrix(x_w, concat_top, concat_width, d_model, ROLE_COLOURS["o"], label="W^O",
                   shape=tuple(w_o.shape), row_colours=colours if head_rows else None)  # fmt: skip
+    if head_rows:  # each row block's name inside it: W_i^O, met by head_i alone
+        from matplotlib import patheffects
+
+        halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
+        name_size = min(1.0, d_v / (1.4 * _em(canvas)))  # fit the block's height
+        for i in range(h):
+            w_name = f"$W_{_index(i)}^O$"
+            canvas.text(x_w + d_model / 2, concat_top + i * d_v + d_v / 2, w_name, size=name_size,
+                        path_effects=halo, gid=f"{w_name}:inside")  # fmt: skip
     canvas.operator(x_out - gap / 2, concat_top + T / 2, "=")
     canvas.matrix(x_out, concat_top, T, d_model, ROLE_COLOURS["o"], label="\\mathrm{output}",
                   shape=(T, d_model), gid="output")  # fmt: skip
