@@ -199,6 +199,19 @@ def test_output_hull_checks_its_inputs():
         qkv.diagrams.output_hull(torch.randn(4, 2), {})
     with pytest.raises(ValueError, match="2 features"):
         qkv.diagrams.output_hull(torch.randn(4, 2), {"a": torch.randn(2, 3)})
+    with pytest.raises(ValueError, match="numbered names"):
+        qkv.diagrams.output_hull(torch.randn(4, 2), {"a": torch.randn(2, 2)}, numbered=["b"])
+
+
+def test_output_hull_numbers_the_outputs_named_by_their_query():
+    g = torch.Generator().manual_seed(3)
+    values, outputs = torch.randn(5, 2, generator=g), torch.randn(3, 2, generator=g)  # (S, 2), (T, 2)
+    figure = qkv.diagrams.output_hull(values, {"a": outputs, "b": outputs + 1}, numbered=["b"])
+    labels = {t.get_gid(): t for t in figure.axes[0].texts}
+    assert sorted(labels) == ["query-b-0", "query-b-1", "query-b-2"]  # only b's, one per query
+    for t, point in enumerate((outputs + 1).double().tolist()):
+        assert labels[f"query-b-{t}"].get_text() == str(t)
+        assert list(labels[f"query-b-{t}"].xy) == point  # anchored at query t's output
 
 
 def test_empty_rows_puts_four_panels_in_two_rows_of_two():

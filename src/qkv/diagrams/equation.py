@@ -389,7 +389,11 @@ def _convex_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def output_hull(
-    values: torch.Tensor, outputs: Mapping[str, torch.Tensor], *, title: str | None = None
+    values: torch.Tensor,
+    outputs: Mapping[str, torch.Tensor],
+    *,
+    numbered: Sequence[str] = (),
+    title: str | None = None,
 ) -> Figure:
     """Values with two features as points, their convex hull, and the outputs made from them.
 
@@ -404,6 +408,8 @@ def output_hull(
         One head's values, with d_v = 2 features (x and y).
     outputs : mapping of str to Tensor, shape (T, 2)
         For each name (e.g. ``"dim=-1"``, ``"dim=-2"``), the outputs ``weights @ values``.
+    numbered : sequence of str, optional
+        The names whose outputs are labelled with their query's position t (0, 1, ...).
     title : str, optional
         The figure's title: say what to look at.
 
@@ -412,6 +418,7 @@ def output_hull(
     matplotlib.figure.Figure
         The values' points have gid ``"values"``, the hull's polygon ``"hull"``, and
         each name's outputs ``"outputs-{name}"``; their offsets are the points given.
+        A numbered output's label is a text with gid ``"query-{name}-{t}"``.
 
     See Also
     --------
@@ -443,6 +450,9 @@ def output_hull(
             shape = shape_str(tuple(made.shape))
             raise ValueError(f"outputs[{name!r}] must have 2 features, got shape {shape}")
         drawn[str(name)] = made
+    unknown = [str(name) for name in numbered if str(name) not in drawn]
+    if unknown:
+        raise ValueError(f"numbered names {unknown}, but outputs has only {list(drawn)}")
     figure = Figure(figsize=(5.6, 4.2), dpi=100, layout="constrained")
     ax = figure.subplots()
     corners = _convex_hull([(float(x), float(y)) for x, y in points.tolist()])
@@ -467,6 +477,12 @@ def output_hull(
             made[:, 0], made[:, 1], s=70, marker=marker, color=colour, label=f"outputs, {name}",
             gid=f"outputs-{name}", zorder=4,
         )  # fmt: skip
+        if name in [str(n) for n in numbered]:
+            for t, (x, y) in enumerate(made.tolist()):
+                ax.annotate(
+                    str(t), (x, y), xytext=(6, 4), textcoords="offset points", fontsize=9,
+                    color=colour, fontweight="bold", gid=f"query-{name}-{t}", zorder=5,
+                )  # fmt: skip
     _finish_plot(ax, "value feature 1", "value feature 2", title)
     return figure
 
