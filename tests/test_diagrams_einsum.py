@@ -37,7 +37,10 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
     for caption in ("N × I = (4, 10)", "M × I′ = (7, 6)", "I′ × H × O = (6, 2, 5)", "N × H × O = (4, 2, 5)",
                     "M × H × O = (7, 2, 5)", "H × N × M = (2, 4, 7)", "H × O × I = (2, 5, 10)"):  # fmt: skip
         assert caption in texts, caption
-    assert r"$\mathrm{enc\_output}$" in texts
+    for label in (r"\mathtt{query{=}query}", r"\mathtt{key{=}enc\_output}",
+                  r"\mathtt{value{=}enc\_output}"):  # each input as the call passes it
+        assert f"${label}$" in texts, label
+    assert "$K$" in texts and "$W^K$" in texts  # K is drawn apart from key=enc_output
     legend = next(t for t in texts if t.startswith("N: query's positions"))
     assert "M: enc_output's positions" in legend and "O: head size (key_dim)" in legend
     assert "W^O" not in legend  # W^O's O means output, not the head size O

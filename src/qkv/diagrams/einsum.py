@@ -1,7 +1,9 @@
 """The shapes of one cross-attention layer, in the letters of an einsum string.
 
 :func:`cross_attention_shapes` draws one layer's data flow to scale, every block
-named by its einsum letters as well as its sizes: the query ``N × I`` becomes
+named by its einsum letters as well as its sizes, and each input by the keyword it
+is passed with (``key=enc_output``: what the layer is handed as ``key`` becomes K
+only through W^K). The query ``N × I`` becomes
 ``N × H × O`` through W^Q, the memory ``M × I′`` becomes ``M × H × O`` through W^K
 and through W^V, Q and K meet in ``H × N × M`` scores, the scores average V, and
 W^O maps the ``H × O`` head features back to ``I``, and the residual adds the query.
@@ -37,6 +39,11 @@ def _mathrm(name: str) -> str:
     return r"\mathrm{" + name.replace("_", r"\_") + "}"
 
 
+def _argument(keyword: str, name: str) -> str:
+    """A keyword argument as typed maths: ``key``, ``enc_output`` -> ``key=enc_output``."""
+    return r"\mathtt{" + keyword + "{=}" + name.replace("_", r"\_") + "}"
+
+
 def cross_attention_shapes(
     layer: object,
     query: object,
@@ -54,9 +61,12 @@ def cross_attention_shapes(
     stack of N × M maps; the softmaxed scores average V into ``heads (N × H × O)``,
     and ``W^O (H × O × I)``, its head blocks of O rows split by white lines, maps
     them back to the query's ``I`` features, as wide as the query, which the
-    decoder's residual adds. A line under the title says what each letter counts;
-    O is the head size throughout (Addons' output string reuses I and O otherwise).
-    One sequence, no batch axis; the biases are left out. The sizes
+    decoder's residual adds. Each input is labelled as the layer's call passes it,
+    ``query=out1``, ``key=enc_output`` and ``value=enc_output``: the input named
+    ``key`` is not K, but what W^K multiplies into K. A line under the title says
+    what each letter counts; O is the head size throughout (Addons' output string
+    reuses I and O otherwise). One sequence, no batch axis; the biases are left
+    out. The sizes
     are read from the objects passed; a block's caption gives its letters and its
     sizes, e.g. ``N × H × O = (4, 2, 5)``.
 
@@ -74,7 +84,8 @@ def cross_attention_shapes(
         sequence.
     query_name, memory_name : str
         What the two inputs are called in the reader's code (``"out1"``,
-        ``"enc_output"``).
+        ``"enc_output"``); the inputs are labelled ``query=out1``,
+        ``key=enc_output`` and ``value=enc_output``.
     title : str, optional
         A title; the default says what the picture shows.
 
@@ -138,10 +149,12 @@ def cross_attention_shapes(
     x_s = x_p + HO + gap
     stack = canvas.inch(0.08)
 
+    # Each input as the call passes it: query=out1, key=enc_output, value=enc_output.
+    passed = [_argument("query", query_name), _argument("key", memory_name), _argument("value", memory_name)]
     rows = [
-        ("Q", "q", query_name, N, I, "N × I", "I × H × O", "N × H × O", (N, I), (I, H, O), (N, H, O)),
-        ("K", "k", memory_name, M, I2, "M × I′", "I′ × H × O", "M × H × O", (M, I2), (I2, H, O), (M, H, O)),
-        ("V", "v", memory_name, M, I2, "M × I′", "I′ × H × O", "M × H × O", (M, I2), (I2, H, O), (M, H, O)),
+        ("Q", "q", passed[0], N, I, "N × I", "I × H × O", "N × H × O", (N, I), (I, H, O), (N, H, O)),
+        ("K", "k", passed[1], M, I2, "M × I′", "I′ × H × O", "M × H × O", (M, I2), (I2, H, O), (M, H, O)),
+        ("V", "v", passed[2], M, I2, "M × I′", "I′ × H × O", "M × H × O", (M, I2), (I2, H, O), (M, H, O)),
     ]
     heights = [above + max(r[3], r[4]) + below for r in rows]
     out_h = above + canvas.inch(0.3) + max(N, HO) + below
@@ -176,7 +189,7 @@ def cross_attention_shapes(
         top = y + above
         middle = top + min(length, features) / 2
         box = canvas.matrix(
-            x_in, top, length, features, ROLE_COLOURS["x"], label=_mathrm(name), gid=f"{letter}:input"
+            x_in, top, length, features, ROLE_COLOURS["x"], label=name, gid=f"{letter}:input"
         )
         caption(box, l_in, s_in)
         canvas.operator(x_w - gap / 2, middle, "×")
