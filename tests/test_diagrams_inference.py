@@ -165,7 +165,14 @@ def test_decoding_step_draws_the_new_row_apart_from_the_cached_ones():
         assert outline.get_y() == pytest.approx(top + 4) and outline.get_height() == 1  # the last row only
     assert "K/V head 3: query head 3" in texts_of(figure)  # heads numbered from 1
     assert "$q_{t,0}$" not in texts_of(figure) and "$K_0$" not in texts_of(figure)
-    assert any("4 earlier tokens (room for 10)" in t for t in texts_of(figure))
+    assert any("4 earlier tokens, in a cache allocated for 10" in t for t in texts_of(figure))
+    assert "$q_t = x_t W^Q + b^Q$" in texts_of(figure)  # the layer has biases: drawn
+    unbiased = qkv.MultiHeadAttention(12, 3, num_kv_heads=3, bias=False)
+    plain = texts_of(decoding_step(unbiased, cache_after(unbiased, 4, max_length=5)))
+    assert "$q_t = x_t W^Q$" in plain and not any("allocated" in t for t in plain)  # a full fit
+    pieces = {p.get_gid(): p.get_facecolor() for p in figure.axes[0].patches}
+    for state in ("cached", "new"):  # the legend's swatch shows each K/V head's colour
+        assert len({pieces[f"legend:{state}:{j}"] for j in range(3)}) == 3
     first = decoding_step(mha, cache_after(mha, 0))  # the first token: nothing cached yet
     assert shape_of(first, "K0") == (1, 4) and patches_by_gid(first, "new-row:K0")
 
@@ -201,6 +208,9 @@ def test_cache_growth_adds_a_row_and_a_column_masked_for_earlier_rows(cached):
     assert after.colours[:cached] == [[*row[:cached], MASKED_COLOUR] for row in before.colours]
     assert set(after.colours[cached]).isdisjoint(after.colours[0])  # the new row stands out
     assert {p.get_gid() for p in figure.axes[0].patches} >= {"new-row", "new-column"}
+    assert any("not kept" in t and "only K and V are cached" in t for t in texts_of(figure))
+    assert "attention scores" in figure.axes[0].get_title() or any(
+        "Causal attention scores" in t for t in texts_of(figure))  # fmt: skip
     with pytest.raises(ValueError):
         cache_growth(0)
 

@@ -449,7 +449,9 @@ def decoding_step(layer: object, cache: object) -> Figure:
     number heads from 1, as the book's text does, the gids from 0), each a
     1 × d_k row, and that head's keys K_j and values V_j, (length + 1) × d_k and
     (length + 1) × d_v: the cached rows light, the new row (this step's k_t and
-    v_t, appended) in full colour and outlined. Query heads are drawn in the
+    v_t, appended) in full colour and outlined. The projections' labels show a
+    bias (``+ b^Q``) where the layer's projection has one, and the legend names the
+    cache's allocated length when it exceeds the rows drawn. Query heads are drawn in the
     colour of the K/V head they read, so the grouping reads at a glance; frames
     keep the roles' colours (Q blue, K vermillion, V green).
 
@@ -548,11 +550,16 @@ def decoding_step(layer: object, cache: object) -> Figure:
     k_colours = [head_colour(c // d_k) for c in range(h_kv * d_k)]
     v_colours = [head_colour(c // d_v) for c in range(h_kv * d_v)]
     y = title_h
+
+    def projection(letter: str, module: object) -> str:  # "x_t W^Q", "+ b^Q" where it has a bias
+        bias = getattr(module, "bias", None) is not None
+        return f"x_t W^{letter}" + (f" + b^{letter}" if bias else "")
+
     for name, label, cols, role, colours, size in (
         ("x_t", "x_t", d_model, "x", None, 0),
-        ("q_t", "q_t = x_t W^Q", h * d_k, "q", q_colours, d_k),
-        ("k_t", "k_t = x_t W^K", h_kv * d_k, "k", k_colours, d_k),
-        ("v_t", "v_t = x_t W^V", h_kv * d_v, "v", v_colours, d_v),
+        ("q_t", f"q_t = {projection('Q', layer.q_proj)}", h * d_k, "q", q_colours, d_k),
+        ("k_t", f"k_t = {projection('K', layer.k_proj)}", h_kv * d_k, "k", k_colours, d_k),
+        ("v_t", f"v_t = {projection('V', layer.v_proj)}", h_kv * d_v, "v", v_colours, d_v),
     ):
         top = y + (top_row - 1) / 2
         frame = EDGE_COLOUR if role == "x" else ROLE_COLOURS[role]
@@ -635,29 +642,34 @@ def decoding_step(layer: object, cache: object) -> Figure:
                 gid=f"{name}{j}",
             )
             _outline(canvas, box["x"], box["bottom"] - 1, cols, gid=f"new-row:{name}{j}")
-    # The legend: what light and outlined rows mean.
+    # The legend: what light and outlined rows mean, with a swatch piece per K/V head's colour.
     legend_top = y + panel_rows * panel_h + scale.units(0.1)
     swatch = scale.units(0.14)
+    shown = min(h_kv, 4)  # colours in a swatch: one per K/V head, at most 4
     from matplotlib.patches import Rectangle
 
-    for n, (text, face, outlined) in enumerate(
+    allocated = "" if cache.max_length == rows else f", in a cache allocated for {cache.max_length}"
+    for n, (text, outlined) in enumerate(
         (
-            (
-                f"cached: keys and values of {cached} earlier tokens (room for {cache.max_length})",
-                _lighter(head_colour(0)),
-                False,
-            ),
-            ("new: this step's $k_t$ and $v_t$, appended; computed now, like $q_t$", head_colour(0), True),
+            (f"cached: keys and values of {cached} earlier tokens{allocated}", False),
+            ("new: this step's $k_t$ and $v_t$, appended; computed now, like $q_t$", True),
         )
     ):
         line_y = legend_top + (n + 0.5) * scale.line
+        piece = 1.6 * swatch / shown
+        for j in range(shown):  # each K/V head's colour (light when cached)
+            colour = head_colour(j) if outlined else _lighter(head_colour(j))
+            gid = f"legend:{'new' if outlined else 'cached'}:{j}"
+            corner = (margin + j * piece, line_y - swatch / 2)
+            canvas.ax.add_patch(
+                Rectangle(corner, piece, swatch, facecolor=colour, alpha=new_alpha, edgecolor="none", gid=gid)
+            )
         canvas.ax.add_patch(
             Rectangle(
                 (margin, line_y - swatch / 2),
                 1.6 * swatch,
                 swatch,
-                facecolor=face,
-                alpha=new_alpha,
+                fill=False,
                 edgecolor=EDGE_COLOUR if outlined else "none",
                 linewidth=1.8,
                 gid=f"legend:{'new' if outlined else 'cached'}",
@@ -1047,7 +1059,8 @@ def cache_growth(cached: int) -> Figure:
     one more token: a new row (the new query, in full colour, reading every key)
     and a new column (the new key), masked for every earlier row, so the earlier
     rows, and the outputs made from them, are unchanged. Earlier cells are drawn
-    light: they were computed at earlier steps and are not computed again.
+    light: they were computed at earlier steps and are not kept (only K and V are
+    cached), since no later step needs them.
 
     Parameters
     ----------
@@ -1081,9 +1094,9 @@ def cache_growth(cached: int) -> Figure:
     gap, margin = scale.units(1.1), scale.units(0.3)
     top = scale.line * 1.6 + scale.above
     width = margin + cached + gap + rows + scale.units(2.6)
-    height = top + rows + scale.below + scale.line * 3.2
+    height = top + rows + scale.below + scale.line * 4.2
     canvas = _canvas(width, height, scale)
-    canvas.title(f"Causal scores, one step: {cached} tokens, then {rows}")
+    canvas.title(f"Causal attention scores, one step: {cached} tokens, then {rows}")
     colour = ROLE_COLOURS["q"]
     light = _lighter(colour)
 
@@ -1110,6 +1123,9 @@ def cache_growth(cached: int) -> Figure:
     x_text = x_after + rows + scale.units(0.12)
     canvas.text(x_text, top + cached + 0.5, "new query: a new row", ha="left", size=0.85)
     canvas.text(x_text, middle, "new key: a new column,\nmasked for earlier rows", ha="left", size=0.85)
-    legend = "light: computed at earlier steps, unchanged\nhatched: masked (a later key)"
+    legend = (
+        "light: computed at earlier steps, unchanged; these rows are not kept\n"
+        "(only K and V are cached)\nhatched: masked (a later key)"
+    )
     canvas.text(margin, top + rows + scale.below + scale.line, legend, ha="left", va="top", size=0.85)
     return canvas.fit()
