@@ -424,10 +424,11 @@ def half_to_interleaved(
     >>> w = torch.randn(12, 5)  # 3 heads of d_k 4
     >>> torch.equal(half_to_interleaved(interleaved_to_half(w, 3), 3), w)
     True
-    >>> half_to_interleaved(torch.randn(16, 5), 4, head_dim=8)  # doctest: +ELLIPSIS
+    >>> k_proj = torch.randn(16, 5)  # 2 key heads of d_k 8, passed the 4 query heads
+    >>> half_to_interleaved(k_proj, 4, head_dim=8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: weight has shape (16, 5): num_heads=4 heads of head_dim=8 need 32 rows, got 16 ...
+    ValueError: weight has shape (16, 5): num_heads=4 heads of head_dim=8 need 32...
     """
     tensor, h, d_k, r = _pair_permutation(weight, num_heads, rotary_dim, "weight", head_dim)
     heads = tensor.reshape(h, d_k, *tensor.shape[1:])  # (h, d_k, ...)
