@@ -103,7 +103,8 @@ def test_position_gaps_draws_zeros_at_the_floor_and_refuses_bad_gaps():
     assert lines["gap-0"].get_ydata().tolist() == [1e-12, 2.0**-10, 2.0**-9]  # the zero at the floor
     assert lines["gap-1"].get_ydata().tolist() == [0.5, 0.25, 1e-12]
     assert figure.axes[0].get_yscale() == "log"
-    assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["rotation", "mask"]
+    legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert legend == ["rotation", "mask", "hollow, on the dotted line:\nexactly 0"]
     shapes = r"every gap must have one shape \(T,\), got 'a': \(3,\), 'b': \(2,\)"
     with pytest.raises(ValueError, match=shapes):
         qkv.diagrams.position_gaps({"a": torch.zeros(3), "b": torch.zeros(2)})

@@ -692,7 +692,8 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
 
     One line per setup, over the positions t (x axis), of the largest absolute gap at
     t (y axis, log scale). A gap of exactly 0 cannot sit on a log axis: it is drawn as
-    a hollow marker on the dotted line at ``floor``, labelled "0 (exact)". The picture
+    a hollow marker on the dotted line at ``floor`` (the legend says so), the setups'
+    zeros at one position side by side. The picture
     sorts a from-scratch model's mistakes by where they start: a mistake in the
     rotations leaves position 0 exact (its angles are 0), a mistake in the mask does not.
 
@@ -742,22 +743,30 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
             )
     figure = Figure(figsize=(7.0, 3.3), dpi=100, layout="constrained")
     ax = figure.subplots()
+    from matplotlib.lines import Line2D
+
     markers = "osD^v<>"
     for i, (name, row) in enumerate(rows.items()):
         values = row.detach().double().clamp(min=floor)  # (T,): zeros at the floor
         colour = HEAD_COLOURS[i % len(HEAD_COLOURS)]
         positions = list(range(values.shape[0]))
+        nonzero = [t for t in positions if row[t] != 0]  # filled markers; zeros hollow, below
         ax.plot(positions, values.tolist(), color=colour, marker=markers[i % len(markers)], markersize=6,
-                linewidth=1.4, label=name, gid=f"gap-{i}")  # fmt: skip
-        zeros = [t for t in positions if row[t] == 0]
+                linewidth=1.4, label=name, gid=f"gap-{i}", markevery=nonzero)  # fmt: skip
+        nudge = 0.26 * (i - (len(rows) - 1) / 2)  # zeros side by side, none hidden
+        zeros = [t + nudge for t in positions if row[t] == 0]
         ax.plot(zeros, [floor] * len(zeros), linestyle="none", marker=markers[i % len(markers)],
-                markersize=9, markerfacecolor="white", markeredgecolor=colour)  # fmt: skip
+                markersize=7, markerfacecolor="white", markeredgecolor=colour, zorder=3)  # fmt: skip
     ax.set_yscale("log")
     ax.axhline(floor, color="#999999", linestyle=":", linewidth=1.0)
-    ax.text(-0.3, floor * 4, "0 (exact)", fontsize=FONT - 2, color="#777777", va="bottom")
+    exact = Line2D([], [], color="#999999", linestyle=":", marker="o", markerfacecolor="white",
+                   markeredgecolor="#777777", label="hollow, on the dotted line:\nexactly 0")  # fmt: skip
     ax.set_xlabel("position t")
     ax.set_ylabel("largest gap from the reference")
     ax.set_xticks(range(next(iter(lengths))[0]))
     ax.set_title("Exact at position 0 (a rotation mistake) or wrong there too (the mask)?", fontsize=FONT)
-    ax.legend(fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    handles = [*ax.get_legend_handles_labels()[0], exact]
+    ax.legend(
+        handles=handles, fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False
+    )
     return figure
