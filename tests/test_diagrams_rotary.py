@@ -87,10 +87,33 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     rope = qkv.RotaryEmbedding(4)
     unmasked = qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, rope, causal=False)
     assert "mask: s ≤ t" not in qkv.diagrams.texts_of(unmasked)
+    assert boxes["mask"].get_x() == boxes["R_t"].get_x()  # the mask: in the position column
+    assert "mask" not in {p.get_gid() for p in unmasked.axes[0].patches}
+    assert "head 1 of 3" in texts  # the q, k, v column is one head's slice
     with pytest.raises(ValueError, match="the layer's heads have d_k=4, but rotary is for d_k=8"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(8))
     with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, None)
+
+
+def test_position_gaps_draws_zeros_at_the_floor_and_refuses_bad_gaps():
+    gaps = {"rotation": torch.tensor([0.0, 2.0**-10, 2.0**-9]), "mask": torch.tensor([0.5, 0.25, 0.0])}
+    figure = qkv.diagrams.position_gaps(gaps, floor=1e-12)
+    lines = {line.get_gid(): line for line in figure.axes[0].get_lines()}
+    assert lines["gap-0"].get_ydata().tolist() == [1e-12, 2.0**-10, 2.0**-9]  # the zero at the floor
+    assert lines["gap-1"].get_ydata().tolist() == [0.5, 0.25, 1e-12]
+    assert figure.axes[0].get_yscale() == "log"
+    legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert legend == ["rotation", "mask", "hollow, on the dotted line:\nexactly 0"]
+    shapes = r"every gap must have one shape \(T,\), got 'a': \(3,\), 'b': \(2,\)"
+    with pytest.raises(ValueError, match=shapes):
+        qkv.diagrams.position_gaps({"a": torch.zeros(3), "b": torch.zeros(2)})
+    with pytest.raises(ValueError, match=r"gaps\['a'\] must be finite and not negative"):
+        qkv.diagrams.position_gaps({"a": torch.tensor([-1.0])})
+    with pytest.raises(ValueError, match=r"floor=0\.1 must be below every nonzero gap"):
+        qkv.diagrams.position_gaps({"a": torch.tensor([0.05])}, floor=0.1)
+    with pytest.raises(TypeError, match="gaps must be a non-empty mapping"):
+        qkv.diagrams.position_gaps([torch.zeros(3)])
 
 
 def _value_shift_inputs(T=6, d_k=8, seed=0):

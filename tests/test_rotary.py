@@ -315,6 +315,15 @@ def test_bad_input_is_named():
         qkv.interleaved_to_half(randn(12, 3), 3, rotary_dim=5)
     with pytest.raises(ValueError, match=r"its first axis \(10\) must hold num_heads=3 heads"):
         qkv.interleaved_to_half(randn(10, 3), 3)
+    k_proj = randn(2 * 4, 3)  # grouped-query: h_kv = 2 heads of d_k = 4, while h = 4
+    with pytest.raises(ValueError, match=r"num_heads=4 heads of head_dim=4 need 16 rows, got 8"):
+        qkv.half_to_interleaved(k_proj, 4, head_dim=4)  # h passed for a k_proj
+    with pytest.raises(ValueError, match=r"\(8, 3\): num_heads=4 heads of head_dim=4"):
+        qkv.interleaved_to_half(k_proj, 4, head_dim=4)
+    right = qkv.half_to_interleaved(k_proj, 2, head_dim=4)  # h_kv: the check passes
+    torch.testing.assert_close(right, qkv.half_to_interleaved(k_proj, 2))
+    with pytest.raises(ValueError, match="head_dim must be positive"):
+        qkv.half_to_interleaved(k_proj, 2, head_dim=0)
 
 
 def test_scaled_llama_rotations_are_refused():

@@ -33,7 +33,7 @@ from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
 from qkv.diagrams.inference import attention_map, cache_growth, cross_attention, decoding_step, kv_sharing
 from qkv.diagrams.roles import data_flow
-from qkv.diagrams.rotary import pairings, position_flow, position_scores, rotation, value_shift
+from qkv.diagrams.rotary import pairings, position_flow, position_gaps, position_scores, rotation, value_shift
 from qkv.diagrams.training import one_loss
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "pairings",
     "patches_by_gid",
     "position_flow",
+    "position_gaps",
     "position_scores",
     "projection",
     "reshape",

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["pairings", "position_flow", "position_scores", "rotation", "value_shift"]
+__all__ = ["pairings", "position_flow", "position_gaps", "position_scores", "rotation", "value_shift"]
 
 
 def _plane(rotary: RotaryEmbedding, pair: int) -> tuple[int, int]:
@@ -287,7 +287,8 @@ def pairings(d_k: int = 8) -> Figure:
     j + d_k/2) below. Cells of one colour form pair j, turned together by t·θ_j;
     the partners are read from each pairing's rotation matrix. Grey arrows, pointing
     down (Meta's order to Hugging Face's), join each dimension to where
-    :func:`qkv.interleaved_to_half` moves its row of W^Q and W^K.
+    :func:`qkv.interleaved_to_half` moves its row of W^Q and W^K; read upwards, they
+    are :func:`qkv.half_to_interleaved`, the fix for a model with Meta's pairing.
 
     Parameters
     ----------
@@ -320,8 +321,8 @@ def pairings(d_k: int = 8) -> Figure:
     if d_k % 2:
         raise ValueError(f"d_k must be even to pair its dimensions, got {d_k}")
     rows = {
-        "interleaved": (1.0, "interleaved: 2j with 2j + 1\n(Meta's reference code)"),
-        "half": (0.0, "half-split: j with j + $d_k/2$\n(Hugging Face's Llama)"),
+        "interleaved": (1.0, "interleaved: 2j with 2j + 1\n(Meta's code; GPT-J style)"),
+        "half": (0.0, "half-split: j with j + $d_k/2$\n(HF's Llama; GPT-NeoX style)"),
     }
     figure = Figure(figsize=(2.6 + 0.6 * d_k, 1.9), dpi=100, layout="constrained")
     ax = figure.subplots()
@@ -343,7 +344,10 @@ def pairings(d_k: int = 8) -> Figure:
         ax.annotate("", xy=(xs[1], 0.5), xytext=head_from, arrowprops={
             "arrowstyle": "-|>", "color": "#999999", "linewidth": 0.8, "shrinkA": 0, "shrinkB": 0,
             "mutation_scale": 9})  # fmt: skip
-    moves = "converting Meta's checkpoint\nfor Hugging Face moves the rows\nof wq.weight and wk.weight ↓"
+    moves = (
+        "rows of W^Q and W^K, per head:\n↓ Meta's to Hugging Face's (conversion)\n"
+        "↑ Hugging Face's to Meta's (your fix)"
+    )
     ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
     ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
     ax.set_ylim(-0.05, 1.55)
@@ -360,8 +364,9 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     angles ``t · θ_j`` of its position t) into ``q̃_t``, the key row ``k_s`` by ``R_s``
     into ``k̃_s``; the two meet in the score ``q̃_tᵀ k̃_s / √d_k``, whose softmax
     weights ``a_ts`` (over the keys s ≤ t under a causal mask, the second place
-    position enters) average the value row, which has no rotation box (a dashed gap
-    instead). Then ``W^O``, whose box also gives the layer's output shape (T, d_model).
+    position enters, drawn in the position column too) average the value row, which
+    has no rotation box (a dashed gap instead). Then ``W^O``, whose box also gives the
+    layer's output shape (T, d_model).
     Every vector is a column (``R_t q_t``); shapes are read from the objects passed.
 
     Parameters
@@ -380,7 +385,9 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     matplotlib.figure.Figure
         Each box has a ``gid``: ``"X"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``, ``"R_t"``,
         ``"R_s"``, ``"no-rotation"``, ``"q"``, ``"k"``, ``"v"``, ``"score"``,
-        ``"sum"`` and ``"output"``.
+        ``"sum"`` and ``"output"``, and when ``causal`` ``"mask"``, the mask's box in
+        the position column (its line into the score: ``"mask-line"``). The column of
+        q, k and v is headed "head 1 of h": one head's slice.
 
     See Also
     --------
@@ -411,7 +418,7 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     h_kv = weights.num_kv_heads
 
     box_w, box_h, gap, row = 0.98, 0.62, 0.2, 0.8  # inches
-    width, height = 7.0, 0.35 + 3 * row + 0.1
+    width, height = 7.0, 0.35 + (4 if causal else 3) * row + 0.1  # a fourth row: the mask
     figure = Figure(figsize=(width, height), dpi=100)
     ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(0, width)
@@ -419,7 +426,7 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     ax.axis("off")
     left = (width - 6 * box_w - 5 * gap) / 2
     column = [left + i * (box_w + gap) for i in range(6)]
-    top = [0.35 + i * row + (row - box_h) / 2 for i in range(3)]
+    top = [0.35 + i * row + (row - box_h) / 2 for i in range(4)]
     middle = [t + box_h / 2 for t in top]
 
     def box(
@@ -439,7 +446,7 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         style = {"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 0, "shrinkB": 0}
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=style)
 
-    headers = ["input", "parameters", "position", "one head", "attention", "projection"]
+    headers = ["input", "parameters", "position", f"head 1 of {h}", "attention", "projection"]
     for c, header in enumerate(headers):
         ax.text(column[c] + box_w / 2, 0.17, header, ha="center", va="center", fontsize=FONT * 0.8,
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
@@ -465,6 +472,13 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     score = [r"$a_{ts}$", "softmax over s of", r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"]
     score += ["mask: s ≤ t"] if causal else []  # the second place position enters
     box(4, top[0], top[1] + box_h, weights_colour, score, "score")
+    if causal:  # the mask's own box in the position column, its line into the score's softmax
+        mask_colour = ROLE_COLOURS["weights"]
+        box(2, top[3], top[3] + box_h, mask_colour, ["causal mask", "key s ≤ query t"], "mask")
+        bend, enter = column[4] - gap / 2, top[1] + box_h - 0.1
+        ax.plot([column[2] + box_w, bend, bend], [top[3] + box_h / 2, top[3] + box_h / 2, enter],
+                color=EDGE_COLOUR, linewidth=1.0, gid="mask-line")  # fmt: skip
+        arrow(bend, enter, column[4], enter)
     for i in (0, 1):
         arrow(column[3] + box_w, middle[i], column[4], middle[i])
     box(4, top[2], top[2] + box_h, weights_colour, [r"$o_t$", r"$\Sigma_s\, a_{ts} v_s$"], "sum")
@@ -670,4 +684,89 @@ def value_shift(
         markers = [*map(tuple, before.tolist()), *map(tuple, after.tolist()), (0.0, 0.0)]
         labels = {f"t-{n}-{t}": (f"t={t}", tuple(xy)) for t, xy in zip(drawn, before.tolist(), strict=True)}
         _place_labels(ax, labels, markers, arcs_of[n])
+    return figure
+
+
+def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure:
+    """How far each setup's output is from a reference, position by position: exact at 0, or not?
+
+    One line per setup, over the positions t (x axis), of the largest absolute gap at
+    t (y axis, log scale). A gap of exactly 0 cannot sit on a log axis: it is drawn as
+    a hollow marker on the dotted line at ``floor`` (the legend says so), the setups'
+    zeros at one position side by side. The picture
+    sorts a from-scratch model's mistakes by where they start: a mistake in the
+    rotations leaves position 0 exact (its angles are 0), a mistake in the mask does not.
+
+    Parameters
+    ----------
+    gaps : mapping of str to Tensor, shape (T,)
+        Each setup's name (the legend) and its largest gap at each position, all of one
+        length T, none negative.
+    floor : float
+        Where zeros are drawn; below every nonzero gap.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Each setup's line has ``gid`` ``"gap-{i}"`` (i: its place in ``gaps``), drawn
+        through its gaps with zeros at ``floor``.
+
+    See Also
+    --------
+    :doc:`rotary` : which mistake, from the symptom.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> figure = qkv.diagrams.position_gaps({"no mask": torch.tensor([0.5, 0.25, 0.0])})
+    >>> figure.axes[0].get_lines()[0].get_ydata().tolist()
+    [0.5, 0.25, 1e-16]
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    if not isinstance(gaps, Mapping) or not gaps:
+        raise TypeError(f"gaps must be a non-empty mapping of names to tensors, got {type(gaps).__name__}")
+    rows = {
+        name: require_tensor(f"gaps[{name!r}]", gap, min_ndim=1, layout="(T,)") for name, gap in gaps.items()
+    }
+    lengths = {tuple(row.shape) for row in rows.values()}
+    if len(lengths) != 1 or len(next(iter(lengths))) != 1:
+        shapes = ", ".join(f"{name!r}: {shape_str(row.shape)}" for name, row in rows.items())
+        raise ValueError(f"every gap must have one shape (T,), got {shapes}")
+    for name, row in rows.items():
+        if (row < 0).any() or not torch.isfinite(row).all():
+            raise ValueError(f"gaps[{name!r}] must be finite and not negative, got {row.tolist()}")
+        if ((row > 0) & (row <= floor)).any():
+            raise ValueError(
+                f"floor={floor} must be below every nonzero gap; gaps[{name!r}] has {row.tolist()}"
+            )
+    figure = Figure(figsize=(7.0, 3.3), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    from matplotlib.lines import Line2D
+
+    markers = "osD^v<>"
+    for i, (name, row) in enumerate(rows.items()):
+        values = row.detach().double().clamp(min=floor)  # (T,): zeros at the floor
+        colour = HEAD_COLOURS[i % len(HEAD_COLOURS)]
+        positions = list(range(values.shape[0]))
+        nonzero = [t for t in positions if row[t] != 0]  # filled markers; zeros hollow, below
+        ax.plot(positions, values.tolist(), color=colour, marker=markers[i % len(markers)], markersize=6,
+                linewidth=1.4, label=name, gid=f"gap-{i}", markevery=nonzero)  # fmt: skip
+        nudge = 0.26 * (i - (len(rows) - 1) / 2)  # zeros side by side, none hidden
+        zeros = [t + nudge for t in positions if row[t] == 0]
+        ax.plot(zeros, [floor] * len(zeros), linestyle="none", marker=markers[i % len(markers)],
+                markersize=7, markerfacecolor="white", markeredgecolor=colour, zorder=3)  # fmt: skip
+    ax.set_yscale("log")
+    ax.axhline(floor, color="#999999", linestyle=":", linewidth=1.0)
+    exact = Line2D([], [], color="#999999", linestyle=":", marker="o", markerfacecolor="white",
+                   markeredgecolor="#777777", label="hollow, on the dotted line:\nexactly 0")  # fmt: skip
+    ax.set_xlabel("position t")
+    ax.set_ylabel("largest gap from the reference")
+    ax.set_xticks(range(next(iter(lengths))[0]))
+    ax.set_title("Exact at position 0 (a rotation mistake) or wrong there too (the mask)?", fontsize=FONT)
+    handles = [*ax.get_legend_handles_labels()[0], exact]
+    ax.legend(
+        handles=handles, fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False
+    )
     return figure
