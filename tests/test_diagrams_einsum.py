@@ -10,6 +10,7 @@ import torch
 
 import qkv
 from qkv.diagrams import cells, matrix_names, texts_of
+from qkv.diagrams._draw import ROLE_COLOURS
 from qkv.diagrams.einsum import cross_attention_shapes
 
 matplotlib.use("Agg")
@@ -44,7 +45,21 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
     legend = next(t for t in texts if t.startswith("N: query's positions"))
     assert "M: enc_output's positions" in legend and "O: head size (key_dim)" in legend
     assert "W^O" not in legend  # W^O's O means output, not the head size O
-    assert shape_of(figure, "residual") == (N, I)  # the decoder's query + output, N × I
+    assert "strong colours: this layer's learned weights" in legend and "grey, pale: data" in legend
+    strong = {name: cells(figure, name).colours[0][0] for name in ("W^Q", "W^K", "W^V", "W^O")}
+    assert strong == {"W^Q": ROLE_COLOURS["q"], "W^K": ROLE_COLOURS["k"], "W^V": ROLE_COLOURS["v"],
+                      "W^O": ROLE_COLOURS["o"]}  # fmt: skip
+    assert "residual" not in matrix_names(figure)  # the decoder's residual is not the layer's
+    assert any(t.startswith("next, the decoder\n(not this layer) adds") for t in texts)
+
+
+def test_only_the_learned_weights_are_strong():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
+    figure = cross_attention_shapes(layer, torch.randn(4, 10), torch.randn(7, 6))
+    alphas = {c.get_gid().removesuffix(":cells"): c.get_alpha() for c in figure.axes[0].collections
+              if (c.get_gid() or "").endswith(":cells")}  # fmt: skip
+    weights = {"W^Q", "W^K", "W^V", "W^O"}
+    assert min(alphas[name] for name in weights) > max(alphas[name] for name in ("Q", "K", "V", "scores"))
 
 
 def test_reads_a_keras_layer_through_from_keras():

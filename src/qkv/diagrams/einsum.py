@@ -6,7 +6,11 @@ is passed with (``key=enc_output``: what the layer is handed as ``key`` becomes 
 only through W^K). The query ``N × I`` becomes
 ``N × H × O`` through W^Q, the memory ``M × I′`` becomes ``M × H × O`` through W^K
 and through W^V, Q and K meet in ``H × N × M`` scores, the scores average V, and
-W^O maps the ``H × O`` head features back to ``I``, and the residual adds the query.
+W^O maps the ``H × O`` head features back to ``I``. The four weight matrices, the
+layer's own learned parameters, are the only blocks in strong colours; the data
+(inputs, what the layer computes, its output) are grey or pale. The decoder's
+residual, which adds the query to the output, is a note beside the output: it is
+the decoder's step, not the layer's.
 The letters are TensorFlow Addons' (``"...NI , HIO -> ...NHO"``): N query positions,
 M key and value positions, H heads, I and I′ the inputs' features, O the head size.
 O means the head size throughout: Addons' own output string, ``"...NHI,HIO->...NO"``,
@@ -32,11 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["cross_attention_shapes"]
 
 _MAX_WIDTH = 7.0  # inches: the book's column
-
-
-def _mathrm(name: str) -> str:
-    """A Python name as upright maths: ``enc_output`` -> ``\\mathrm{enc\\_output}``."""
-    return r"\mathrm{" + name.replace("_", r"\_") + "}"
+_DATA_ALPHA = 0.4  # Q, K, V, the scores: pale, so that only the learned weights are strong
 
 
 def _argument(keyword: str, name: str) -> str:
@@ -57,18 +57,21 @@ def cross_attention_shapes(
 
     Three rows project the inputs, ``query (N × I) · W^Q (I × H × O) = Q (N × H × O)``
     and ``memory (M × I′) · W^K = K``, ``· W^V = V`` (each ``M × H × O``), with white
-    lines between the heads; Q and K meet in the ``H × N × M`` scores, drawn as a
-    stack of N × M maps; the softmaxed scores average V into ``heads (N × H × O)``,
-    and ``W^O (H × O × I)``, its head blocks of O rows split by white lines, maps
-    them back to the query's ``I`` features, as wide as the query, which the
-    decoder's residual adds. Each input is labelled as the layer's call passes it,
-    ``query=out1``, ``key=enc_output`` and ``value=enc_output``: the input named
-    ``key`` is not K, but what W^K multiplies into K. A line under the title says
-    what each letter counts; O is the head size throughout (Addons' output string
-    reuses I and O otherwise). One sequence, no batch axis; the biases are left
-    out. The sizes
-    are read from the objects passed; a block's caption gives its letters and its
-    sizes, e.g. ``N × H × O = (4, 2, 5)``.
+    lines between the heads; Q and K meet in the ``H × N × M`` scores, drawn as a stack
+    of N × M maps; the softmaxed scores average V into ``heads (N × H × O)``, and ``W^O
+    (H × O × I)``, its head blocks of O rows split by white lines, maps them back to the
+    query's ``I`` features, as wide as the query. The learned weights (W^Q, W^K, W^V,
+    W^O; each layer has its own) are drawn in strong colours, the data in grey (inputs,
+    output) or pale (Q, K, V, scores, heads), and a legend line says so. The decoder's
+    residual (``out1 + output``) is not in the layer's equation: an arrow from the
+    output leads to a note saying the decoder adds the query next, which only an ``N ×
+    I`` output allows. Each input is labelled as the layer's call passes it,
+    ``query=out1``, ``key=enc_output`` and ``value=enc_output``: the input named ``key``
+    is not K, but what W^K multiplies into K. A line under the title says what each
+    letter counts; O is the head size throughout (Addons' output string reuses I and O
+    otherwise). One sequence, no batch axis; the biases are left out. The sizes are read
+    from the objects passed; a block's caption gives its letters and its sizes, e.g. ``N
+    × H × O = (4, 2, 5)``.
 
     Parameters
     ----------
@@ -158,15 +161,16 @@ def cross_attention_shapes(
     ]
     heights = [above + max(r[3], r[4]) + below for r in rows]
     out_h = above + canvas.inch(0.3) + max(N, HO) + below
-    title_h = canvas.inch(0.75)  # the title and the line of letters
-    width = max(x_s + M + (H - 1) * stack, x_in + HO + 3 * I + 4 * gap) + canvas.inch(1.3)
+    title_h = canvas.inch(0.95)  # the title and the legend's three lines
+    width = max(x_s + M + (H - 1) * stack, x_in + HO + 2 * I + 3 * gap + canvas.inch(1.5)) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
     canvas.title(title or "One cross-attention layer in the page's letters "
                  "(Addons', O the head size; one sequence, no biases)")
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
-              f"and {memory_name}")  # fmt: skip
+              f"and {memory_name}\nstrong colours: this layer's learned weights (each layer "
+              f"has its own)   grey, pale: data")  # fmt: skip
     canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
 
     def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...]) -> None:
@@ -199,7 +203,8 @@ def cross_attention_shapes(
         dividers(box)
         caption(box, l_w, s_w)
         canvas.operator(x_p - gap / 2, middle, "=")
-        box = canvas.matrix(x_p, top, length, HO, ROLE_COLOURS[role], label=letter, gid=letter)
+        box = canvas.matrix(x_p, top, length, HO, ROLE_COLOURS[role], label=letter, gid=letter,
+                            alpha=_DATA_ALPHA)  # data: pale
         dividers(box)
         caption(box, l_out, s_out)
         boxes[letter] = box
@@ -208,8 +213,9 @@ def cross_attention_shapes(
     # The scores: H maps of N × M, stacked, level with Q; Q and K arrive from the left.
     s_top = title_h + above + (H - 1) * stack
     for j in reversed(range(1, H)):
-        canvas.matrix(x_s + j * stack, s_top - j * stack, N, M, "#F5D08A", grid=False, gid=f"scores:head{j}")
-    scores = canvas.matrix(x_s, s_top, N, M, ROLE_COLOURS["weights"], gid="scores")
+        canvas.matrix(x_s + j * stack, s_top - j * stack, N, M, "#F5D08A", grid=False, gid=f"scores:head{j}",
+                      alpha=_DATA_ALPHA)  # fmt: skip
+    scores = canvas.matrix(x_s, s_top, N, M, ROLE_COLOURS["weights"], gid="scores", alpha=_DATA_ALPHA)
     canvas.text(x_s + (M + (H - 1) * stack) / 2, s_top - (H - 1) * stack - canvas.inch(0.06),
                 r"$Q K^\top / \sqrt{O}$ per head", va="bottom", size=1.05)  # fmt: skip
     canvas.text(scores["x"], scores["bottom"] + canvas.inch(0.05), f"H × N × M = {shape_str((H, N, M))}",
@@ -233,13 +239,12 @@ def cross_attention_shapes(
     canvas.operator(x_out - gap / 2, middle, "=")
     out = canvas.matrix(x_out, top, N, I, ROLE_COLOURS["x"], label=r"\mathrm{output}", gid="output")
     caption(out, "N × I", (N, I))
-    # The decoder's residual: out1 + output, which only an I-wide output can join.
-    x_res = out["right"] + gap
-    canvas.operator(x_res - gap / 2, middle, "+")
-    res = canvas.matrix(x_res, top, N, I, ROLE_COLOURS["x"], label=_mathrm(query_name), gid="residual")
-    caption(res, "N × I", (N, I))
-    residual_note = "the decoder adds the query:\nonly an N × I output fits"
-    canvas.text(res["x"], res["bottom"] + canvas.inch(0.25), residual_note, ha="left", va="top", size=0.8)
+    # The decoder's residual is the decoder's step, not the layer's: a note, not a term.
+    x_note = out["right"] + gap
+    canvas.arrow(out["right"], middle, x_note, middle)
+    residual_note = (f"next, the decoder\n(not this layer) adds\n{query_name} + output:"
+                     "\nonly an N × I output fits")  # fmt: skip
+    canvas.text(x_note + canvas.inch(0.05), middle, residual_note, ha="left", size=0.8, gid="residual")
     # V leaves for the heads (the weights average its rows), and so do the softmaxed scores.
     into = top - canvas.inch(0.3)  # just above the heads' label
     bend = top - canvas.inch(0.5)
