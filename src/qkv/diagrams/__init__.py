@@ -34,7 +34,7 @@ from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts
 from qkv.diagrams.inference import attention_map, cache_growth, cross_attention, decoding_step, kv_sharing
 from qkv.diagrams.roles import data_flow
 from qkv.diagrams.rotary import pairings, position_flow, position_scores, rotation, value_shift
-from qkv.diagrams.training import one_loss
+from qkv.diagrams.training import one_loss, training_curves
 
 __all__ = [
     "HEAD_COLOURS",
@@ -58,6 +58,7 @@ __all__ = [
     "matrix_names",
     "multi_head",
     "one_loss",
+    "training_curves",
     "output_hull",
     "packed_layouts",
     "pairings",
