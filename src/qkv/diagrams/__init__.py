@@ -58,7 +58,6 @@ __all__ = [
     "matrix_names",
     "multi_head",
     "one_loss",
-    "training_curves",
     "output_hull",
     "packed_layouts",
     "pairings",
@@ -71,5 +70,6 @@ __all__ = [
     "softmax_axes",
     "softmax_rows",
     "texts_of",
+    "training_curves",
     "value_shift",
 ]

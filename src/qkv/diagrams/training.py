@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from qkv._validation import shape_str
-from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, TEXT_COLOUR, Canvas, layer_inputs, require_matplotlib
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    ROLE_COLOURS,
+    TEXT_COLOUR,
+    Canvas,
+    layer_inputs,
+    require_matplotlib,
+)
 from qkv.diagrams.backward import _shades, require_self_attention_head
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -286,7 +293,8 @@ def training_curves(
             raise ValueError(f"curves[{name!r}] holds a value outside [0, 1]: {numbers}")
         ax.plot(at, numbers, marker="o", markersize=3, linewidth=2, label=name, gid=f"curve-{name}")
     if chance is not None:
-        ax.axhline(chance, color=TEXT_COLOUR, linestyle=":", linewidth=1, label=f"{chance_label}, {chance:.3g}")
+        label = f"{chance_label}, {chance:.3g}"
+        ax.axhline(chance, color=TEXT_COLOUR, linestyle=":", linewidth=1, label=label)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
