@@ -67,3 +67,28 @@ def test_bad_inputs_name_the_argument_and_the_shapes():
     cross = qkv.MultiHeadAttention(6, 2, kdim=4, bias=False)
     with pytest.raises(ValueError, match="kdim"):
         qkv.diagrams.one_loss(torch.randn(5, 6), cross)
+
+
+def test_training_curves_draws_each_measure_as_given():
+    figure = qkv.diagrams.training_curves(
+        [0, 5, 10], {"accuracy": [0.1, 0.5, 0.9], "on the match": [0.125, 0.3, 0.8]}, chance=0.125
+    )
+    ax = figure.axes[0]
+    lines = {line.get_gid(): list(line.get_ydata()) for line in ax.lines if line.get_gid()}
+    assert lines == {"curve-accuracy": [0.1, 0.5, 0.9], "curve-on the match": [0.125, 0.3, 0.8]}
+    assert ax.get_xlabel() == "training step" and ax.get_ylabel()
+    assert "chance, 0.125" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+@pytest.mark.parametrize(
+    ("steps", "curves", "message"),
+    [
+        ([5, 0], {"a": [0.1, 0.2]}, "increasing"),
+        ([0, 5], {}, "at least one"),
+        ([0, 5], {"a": [0.1]}, "has 1 values"),
+        ([0, 5], {"a": [0.1, 1.5]}, "outside"),
+    ],
+)
+def test_training_curves_says_what_it_expected(steps, curves, message):
+    with pytest.raises(ValueError, match=message):
+        qkv.diagrams.training_curves(steps, curves)

@@ -8,19 +8,26 @@ The chapter :doc:`training` (book/training.ipynb).
 from __future__ import annotations
 
 import math as _math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from qkv._validation import shape_str
-from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, Canvas, layer_inputs
+from qkv.diagrams._draw import (
+    EDGE_COLOUR,
+    ROLE_COLOURS,
+    TEXT_COLOUR,
+    Canvas,
+    layer_inputs,
+    require_matplotlib,
+)
 from qkv.diagrams.backward import _shades, require_self_attention_head
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["PARAMETERS", "one_loss"]
+__all__ = ["PARAMETERS", "one_loss", "training_curves"]
 
 #: The parameters ``one_loss`` draws, in the order of the forward pass.
 PARAMETERS = ("embeddings", "W^Q", "W^K", "W^V", "W^O", "readout")
@@ -225,3 +232,74 @@ def _gradient_norms(gradients: Mapping[str, object] | None) -> dict[str, float]:
             raise ValueError(f"gradients[{name!r}] is empty ({shapes})")
         norms[name] = _math.sqrt(sum(float(part.double().pow(2).sum()) for part in parts))
     return norms
+
+
+def training_curves(
+    steps: Sequence[int],
+    curves: Mapping[str, Sequence[float]],
+    *,
+    chance: float | None = None,
+    chance_label: str = "chance",
+    ylabel: str = "share of held-out sequences",
+    title: str | None = None,
+) -> Figure:
+    """Shares measured during training against the step, one line per measure.
+
+    Parameters
+    ----------
+    steps : sequence of int
+        The training steps measured, in increasing order (0: before training).
+    curves : mapping of str to sequence of float
+        For each measure (e.g. ``"accuracy"``, ``"attention on the match"``), its
+        value at each step, one per entry of ``steps``, each in [0, 1].
+    chance : float, optional
+        A chance level, drawn as a dotted line.
+    chance_label : str
+        What the chance level is of, for the legend (its value is added).
+    ylabel, title : str, optional
+        The y axis's label, and the figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Each measure's line has gid ``"curve-{name}"``; its y data are the values given.
+
+    See Also
+    --------
+    :doc:`training` : the answers' loss alone trains the attention.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> figure = qkv.diagrams.training_curves([0, 10], {"accuracy": [0.1, 0.9]})
+    >>> [line.get_gid() for line in figure.axes[0].lines]
+    ['curve-accuracy']
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    at = [int(s) for s in steps]
+    if not at or at != sorted(set(at)) or at[0] < 0:
+        raise ValueError(f"steps must be distinct steps in increasing order, got {list(steps)}")
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError("curves must map at least one measure's name to one value per step")
+    figure = Figure(figsize=(6.4, 3.4), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    for name, values in curves.items():
+        numbers = [float(v) for v in values]
+        if len(numbers) != len(at):
+            raise ValueError(f"curves[{name!r}] has {len(numbers)} values, but steps has {len(at)}")
+        if any(not 0.0 <= v <= 1.0 for v in numbers):
+            raise ValueError(f"curves[{name!r}] holds a value outside [0, 1]: {numbers}")
+        ax.plot(at, numbers, marker="o", markersize=3, linewidth=2, label=name, gid=f"curve-{name}")
+    if chance is not None:
+        label = f"{chance_label}, {chance:.3g}"
+        ax.axhline(chance, color=TEXT_COLOUR, linestyle=":", linewidth=1, label=label)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center right", frameon=False)
+    if title:
+        ax.set_title(title)
+    return figure
