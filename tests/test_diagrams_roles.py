@@ -191,3 +191,36 @@ def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_hea
     assert r"$(h, T, S)$: $T \times S$ per head" in texts and "(3, 4, 4)" in texts
     plain = texts_of(qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True))
     assert "operations" in plain and "$XW^Q$" in plain  # unnamed, the node shows its formula
+
+
+def test_tied_preference_shades_where_the_token_prefers_another_outside_its_circle():
+    g = torch.Generator().manual_seed(4)
+    queries = torch.randn(6, 2, generator=g)  # (T, 2)
+    token = 1
+    figure = qkv.diagrams.tied_preference(queries, token=token, title="look")
+    (ax,) = figure.axes
+    patches = {p.get_gid(): p for p in ax.patches}
+    circle, region = patches["circle"], patches["prefers"]
+    q_t = queries[token].double()
+    assert circle.get_radius() == pytest.approx(float(q_t.norm()))
+    for s, q_s in enumerate(queries.double()):
+        prefers = s != token and float(q_t @ (q_s - q_t)) > 0  # score(t, s) > score(t, t)
+        assert region.get_path().contains_point(q_s.tolist()) == prefers
+        if prefers:
+            assert q_s.norm() > q_t.norm()  # only a longer query: outside the circle
+        colour = patches[f"query-{s}"].get_facecolor()
+        assert (colour == matplotlib.colors.to_rgba(qkv.diagrams.ROLE_COLOURS["k"])) == prefers
+    inside = torch.tensor([[0.5 * float(q_t.norm()), 0.0]]).double()  # any point in the circle
+    assert not region.get_path().contains_points(inside.numpy()).any()
+    assert ax.get_title() == "look"
+
+
+def test_tied_preference_checks_its_inputs():
+    with pytest.raises(ValueError, match="2 features"):
+        qkv.diagrams.tied_preference(torch.randn(4, 3))
+    with pytest.raises(ValueError, match="token must be"):
+        qkv.diagrams.tied_preference(torch.randn(4, 2), token=4)
+    with pytest.raises(ValueError, match="names has 1"):
+        qkv.diagrams.tied_preference(torch.randn(4, 2), names=["a"])
+    with pytest.raises(ValueError, match="zero"):
+        qkv.diagrams.tied_preference(torch.zeros(2, 2))

@@ -1,5 +1,9 @@
 """The three meanings of Q, K and V in one picture: inputs, learned weights, products.
 
+- :func:`data_flow`: X, the learned weights and the products, drawn to scale.
+- :func:`tied_preference`: with one matrix for queries and keys, a token prefers
+  another to itself only where a longer query reaches (the circle picture).
+
 See also
 --------
 The chapter :doc:`terminology` (book/terminology.ipynb), which draws the attention weights too.
@@ -7,7 +11,7 @@ The chapter :doc:`terminology` (book/terminology.ipynb), which draws the attenti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from qkv.diagrams._draw import (
@@ -25,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["data_flow"]
+__all__ = ["data_flow", "tied_preference"]
 
 #: The names ``code`` may give a library name to; ``op^Q`` (and K, V) is the operation
 #: that applies W^Q and its bias, the node on the arrow from X to Q that W^Q enters.
@@ -292,4 +296,117 @@ def data_flow(
     top = row_top(out_row)
     colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
     box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "output", out_shape, "output")
+    return figure
+
+
+def tied_preference(
+    queries: torch.Tensor,
+    *,
+    token: int = 0,
+    names: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Why one matrix for queries and keys keeps a token on itself: the circle picture.
+
+    With W^K = W^Q, token t's score for s minus its score for itself is
+    q_t . (q_s - q_t) / sqrt(d_k), whatever the biases, so t prefers s to itself
+    exactly when q_s reaches past the line that touches the circle of radius
+    ||q_t|| at q_t's tip: a region wholly outside the circle, where only a longer
+    query reaches (the Cauchy-Schwarz inequality).
+
+    Parameters
+    ----------
+    queries : Tensor, shape (T, 2)
+        One head's queries q_1, ..., q_T, with two features so they can be drawn.
+    token : int
+        The position (from 0) of the token t whose circle is drawn.
+    names : sequence of str, optional
+        One label per query; default ``"q_1"``, ``"q_2"``, ... (positions from 1).
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The circle has gid ``"circle"``, the shaded half-plane where t prefers a
+        token to itself ``"prefers"``, and query s's arrow ``"query-{s}"`` (from 0);
+        an arrow's colour is the key colour where t prefers s to itself.
+
+    See Also
+    --------
+    data_flow : the three meanings of Q, K and V.
+    :doc:`terminology` : why three matrices, not one.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> queries = torch.tensor([[1.0, 0.0], [1.5, 0.5], [0.2, 1.0]])
+    >>> figure = qkv.diagrams.tied_preference(queries)
+    >>> [p.get_gid() for p in figure.axes[0].patches][:2]
+    ['prefers', 'circle']
+    """
+    require_matplotlib()
+    import torch
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Circle, FancyArrow, Polygon
+
+    from qkv._validation import require_tensor, shape_str
+
+    points = require_tensor("queries", queries, ndim=2, layout="(T, 2)").detach().double().cpu()
+    if points.shape[1] != 2:
+        raise ValueError(f"queries must have 2 features to draw, got shape {shape_str(tuple(points.shape))}")
+    count = points.shape[0]
+    if not 0 <= token < count:
+        raise ValueError(f"token must be a position from 0 to {count - 1}, got {token}")
+    labels = [f"q_{s + 1}" for s in range(count)] if names is None else [str(n) for n in names]
+    if len(labels) != count:
+        raise ValueError(f"names has {len(labels)} labels, but queries has {count} rows")
+    q_t = points[token]
+    radius = float(q_t.norm())
+    if radius == 0.0:
+        raise ValueError("the chosen token's query is zero: it has no circle to draw")
+    reach = 1.25 * float(points.norm(dim=-1).max())
+    figure = Figure(figsize=(4.6, 4.2), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    along, across = q_t / radius, torch.stack((-q_t[1], q_t[0])) / radius
+    far = 4 * reach  # the half-plane, cut to a large square beyond the tangent line
+    corners = [q_t + far * across, q_t + far * across + far * along, q_t - far * across + far * along]
+    corners.append(q_t - far * across)
+    ax.add_patch(
+        Polygon(
+            [tuple(c.tolist()) for c in corners], closed=True, facecolor=to_rgba(ROLE_COLOURS["k"], 0.12),
+            edgecolor=ROLE_COLOURS["k"], linestyle="--", linewidth=1.4, gid="prefers",
+            label=f"{math(labels[token])} prefers these to itself",
+        )
+    )  # fmt: skip
+    ax.add_patch(
+        Circle(
+            (0.0, 0.0), radius, fill=False, edgecolor=TEXT_COLOUR, linewidth=1.2, gid="circle",
+            label=f"radius {math('|' + labels[token] + '|')}",
+        )
+    )  # fmt: skip
+    for s, point in enumerate(points):
+        prefers = s != token and float(q_t @ (point - q_t)) > 0
+        colour = ROLE_COLOURS["q"] if s == token else (ROLE_COLOURS["k"] if prefers else ROLE_COLOURS["x"])
+        ax.add_patch(
+            FancyArrow(
+                0.0, 0.0, float(point[0]), float(point[1]), width=0.012 * reach, head_width=0.06 * reach,
+                length_includes_head=True, color=colour, gid=f"query-{s}",
+            )
+        )  # fmt: skip
+        ax.annotate(
+            math(labels[s]), (float(point[0]), float(point[1])), xytext=(5, 4), textcoords="offset points",
+            fontsize=FONT, color=colour,
+        )  # fmt: skip
+    ax.set_xlim(-reach, reach)
+    ax.set_ylim(-reach, reach)
+    ax.set_aspect("equal")
+    ax.axhline(0, color=EDGE_COLOUR, linewidth=0.5)
+    ax.axvline(0, color=EDGE_COLOUR, linewidth=0.5)
+    ax.set_xlabel("query feature 1")
+    ax.set_ylabel("query feature 2")
+    ax.legend(loc="lower left", fontsize=FONT - 1, framealpha=0.9)
+    if title is not None:
+        ax.set_title(title, fontsize=FONT + 1)
     return figure
