@@ -173,6 +173,8 @@ def test_decoding_step_draws_the_new_row_apart_from_the_cached_ones():
     pieces = {p.get_gid(): p.get_facecolor() for p in figure.axes[0].patches}
     for state in ("cached", "new"):  # the legend's swatch shows each K/V head's colour
         assert len({pieces[f"legend:{state}:{j}"] for j in range(3)}) == 3
+    assert any("average V's rows" in t for t in texts_of(figure))  # the arrow from K to V
+    assert any("each head's own" in t for t in texts_of(figure))  # queries are not shared
     first = decoding_step(mha, cache_after(mha, 0))  # the first token: nothing cached yet
     assert shape_of(first, "K0") == (1, 4) and patches_by_gid(first, "new-row:K0")
 
@@ -209,6 +211,8 @@ def test_cache_growth_adds_a_row_and_a_column_masked_for_earlier_rows(cached):
     assert set(after.colours[cached]).isdisjoint(after.colours[0])  # the new row stands out
     assert {p.get_gid() for p in figure.axes[0].patches} >= {"new-row", "new-column"}
     assert any("not kept" in t and "only K and V are cached" in t for t in texts_of(figure))
+    assert any("not computed in a cached step" in t for t in texts_of(figure))
+    assert any("all a cached step computes" in t for t in texts_of(figure))  # the new row
     assert "attention scores" in figure.axes[0].get_title() or any(
         "Causal attention scores" in t for t in texts_of(figure))  # fmt: skip
     with pytest.raises(ValueError):

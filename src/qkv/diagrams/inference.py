@@ -452,8 +452,10 @@ def decoding_step(layer: object, cache: object) -> Figure:
     v_t, appended) in full colour and outlined. The projections' labels show a
     bias (``+ b^Q``) where the layer's projection has one, and the legend names the
     cache's allocated length when it exceeds the rows drawn. Query heads are drawn in the
-    colour of the K/V head they read, so the grouping reads at a glance; frames
-    keep the roles' colours (Q blue, K vermillion, V green).
+    colour of the K/V head they read, so the grouping reads at a glance (the legend says
+    that each query is its head's own); frames keep the roles' colours (Q blue, K
+    vermillion, V green). Arrows run from the queries to K (scores) and from K to V (the
+    weights average V's rows).
 
     Parameters
     ----------
@@ -539,7 +541,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
     q_step = max(2.0, scale.units(0.32))
     panel_h = scale.line + scale.above + max(group * q_step - (q_step - 1), rows) + scale.below
     panel_rows = -(-h_kv // columns)
-    legend_h = 2 * scale.line + scale.units(0.1)
+    legend_h = 4 * scale.line + scale.units(0.1)
     height = title_h + tops_h + panel_rows * panel_h + legend_h
     canvas = _canvas(width, height, scale)
     grid = scale.grid
@@ -622,8 +624,10 @@ def decoding_step(layer: object, cache: object) -> Figure:
             )
         arrow_y = top + min(group * q_step - (q_step - 1), rows) / 2
         x_k = x_q + d_k + gap
-        canvas.arrow(x_q + d_k + 0.2, arrow_y, x_k - 0.2, arrow_y)
-        for name, x, cols in (("K", x_k, d_k), ("V", x_k + d_k + gap, d_v)):
+        canvas.arrow(x_q + d_k + 0.2, arrow_y, x_k - 0.2, arrow_y)  # queries score K's rows
+        x_v = x_k + d_k + gap
+        canvas.arrow(x_k + d_k + 0.2, arrow_y, x_v - 0.2, arrow_y)  # the weights average V's rows
+        for name, x, cols in (("K", x_k, d_k), ("V", x_v, d_v)):
             role = name.lower()
             light = _lighter(colour)
             cells = [[light] * cols for _ in range(cached)] + [[colour] * cols]
@@ -676,6 +680,14 @@ def decoding_step(layer: object, cache: object) -> Figure:
             )
         )
         canvas.text(margin + 1.6 * swatch + scale.units(0.1), line_y, text, ha="left", size=0.85)
+    for n, text in enumerate(
+        (
+            "arrows: each query scores K's rows; its weights average V's rows",
+            "queries: each head's own; colour = the K/V head they read",
+        )
+    ):
+        y_note = legend_top + (2.5 + n) * scale.line
+        canvas.text(margin, y_note, text, ha="left", size=0.85, gid=f"legend:note{n}")
     return canvas.fit()
 
 
@@ -1055,7 +1067,8 @@ def cache_growth(cached: int) -> Figure:
     """The causal score matrix before and after one decoding step: one new row, one new column.
 
     Left, the ``cached × cached`` scores :math:`q_t k_s^\\top` of the tokens so far (row
-    t a query, column s a key; above the diagonal masked). Right, the same after
+    t a query, column s a key; above the diagonal masked), labelled T × S in the front
+    page's letters. Right, the same after
     one more token: a new row (the new query, in full colour, reading every key)
     and a new column (the new key), masked for every earlier row, so the earlier
     rows, and the outputs made from them, are unchanged. Earlier cells are drawn
@@ -1094,11 +1107,11 @@ def cache_growth(cached: int) -> Figure:
     gap, margin = scale.units(1.1), scale.units(0.3)
     top = scale.line * 1.6 + scale.above
     width = margin + cached + gap + rows + scale.units(2.6)
-    height = top + rows + scale.below + scale.line * 4.2
+    height = top + rows + scale.below + scale.line * 4.9
     canvas = _canvas(width, height, scale)
     canvas.title(f"Causal attention scores, one step: {cached} tokens, then {rows}")
     colour = ROLE_COLOURS["q"]
-    light = _lighter(colour)
+    light = _lighter(_lighter(colour))  # paler still: not computed in a cached step
 
     def cells_of(n: int, new: bool) -> tuple[list[list[str]], list[list[bool]]]:
         colours = [[colour if new and t == n - 1 else light for s in range(n)] for t in range(n)]
@@ -1106,8 +1119,7 @@ def cache_growth(cached: int) -> Figure:
 
     for name, x, n, new in (("before", margin, cached, False), ("after", margin + cached + gap, rows, True)):
         colours, masked = cells_of(n, new)
-        size = "(T + 1)" if new else "T"
-        label = math(f"{size} \\times {size}")
+        label = math("(T + 1) \\times (S + 1)" if new else "T \\times S")  # queries × keys
         canvas.matrix(x, top, n, n, colour, cell_colours=colours, hatch_cells=masked, label=label,
                       frame=ROLE_COLOURS["q"], gid=name)  # fmt: skip
     x_after = margin + cached + gap
@@ -1121,11 +1133,13 @@ def cache_growth(cached: int) -> Figure:
         outline = Rectangle((x, y), w, h, fill=False, edgecolor=EDGE_COLOUR, linewidth=1.8, gid=gid)
         canvas.ax.add_patch(outline)
     x_text = x_after + rows + scale.units(0.12)
-    canvas.text(x_text, top + cached + 0.5, "new query: a new row", ha="left", size=0.85)
+    canvas.text(x_text, top + cached + 0.5, "new query: a new row, 1 × (S + 1):\nall a cached step computes",
+                ha="left", size=0.85)  # fmt: skip
     canvas.text(x_text, middle, "new key: a new column,\nmasked for earlier rows", ha="left", size=0.85)
     legend = (
-        "light: computed at earlier steps, unchanged; these rows are not kept\n"
-        "(only K and V are cached)\nhatched: masked (a later key)"
+        "pale: not computed in a cached step (computed at earlier steps, unchanged,\n"
+        "and not kept: only K and V are cached)\nhatched: masked (a later key)\n"
+        "T query positions, S key positions (T = S here)"
     )
     canvas.text(margin, top + rows + scale.below + scale.line, legend, ha="left", va="top", size=0.85)
     return canvas.fit()
