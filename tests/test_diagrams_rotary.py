@@ -103,6 +103,12 @@ def test_position_gaps_draws_zeros_at_the_floor_and_refuses_bad_gaps():
     assert lines["gap-0"].get_ydata().tolist() == [1e-12, 2.0**-10, 2.0**-9]  # the zero at the floor
     assert lines["gap-1"].get_ydata().tolist() == [0.5, 0.25, 1e-12]
     assert figure.axes[0].get_yscale() == "log"
+    zeros = {c.get_gid(): c for c in figure.axes[0].collections}
+    assert zeros["zeros-0"].get_offsets()[:, 0].tolist() == [0]  # hollow, at t itself
+    assert zeros["zeros-1"].get_offsets()[:, 0].tolist() == [2]
+    nested = qkv.diagrams.position_gaps({"a": torch.tensor([0.0, 1.0]), "b": torch.tensor([0.0, 0.0])})
+    sizes = {c.get_gid(): c.get_sizes().tolist() for c in nested.axes[0].collections}
+    assert sizes["zeros-0"][0] > sizes["zeros-1"][0] == sizes["zeros-1"][1]  # one t: nested
     legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
     assert legend == ["rotation", "mask", "hollow, on the dotted line:\nexactly 0"]
     shapes = r"every gap must have one shape \(T,\), got 'a': \(3,\), 'b': \(2,\)"

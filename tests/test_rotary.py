@@ -411,6 +411,8 @@ def test_pairings_points_its_conversion_arrows_down_and_scores_name_their_colour
     figure = qkv.diagrams.pairings(4)
     heads = [a for a in figure.axes[0].texts if isinstance(a, matplotlib.text.Annotation)]
     assert len(heads) == 4 and all(a.xy[1] == 0.5 for a in heads)  # each ends on the half-split row
+    moves = next(t.get_text() for t in figure.axes[0].texts if "per head" in t.get_text())
+    assert "q_proj.weight" in moves and "W^Q" not in moves  # rows of the weight, not of W^Q
     scores = randn(3, 3)
     figure = qkv.diagrams.position_scores({"a": scores}, label="score q·k/√d_k")
     assert figure.axes[-1].get_ylabel() == "score q·k/√d_k"

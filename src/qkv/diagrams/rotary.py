@@ -287,8 +287,10 @@ def pairings(d_k: int = 8) -> Figure:
     j + d_k/2) below. Cells of one colour form pair j, turned together by t·θ_j;
     the partners are read from each pairing's rotation matrix. Grey arrows, pointing
     down (Meta's order to Hugging Face's), join each dimension to where
-    :func:`qkv.interleaved_to_half` moves its row of W^Q and W^K; read upwards, they
-    are :func:`qkv.half_to_interleaved`, the fix for a model with Meta's pairing.
+    :func:`qkv.interleaved_to_half` moves its row of ``q_proj.weight`` and
+    ``k_proj.weight`` (nn.Linear's (out, in) layout, so a head's dimension is a row there
+    and a column of W^Q); read upwards, they are :func:`qkv.half_to_interleaved`, the
+    fix for a model with Meta's pairing.
 
     Parameters
     ----------
@@ -345,7 +347,7 @@ def pairings(d_k: int = 8) -> Figure:
             "arrowstyle": "-|>", "color": "#999999", "linewidth": 0.8, "shrinkA": 0, "shrinkB": 0,
             "mutation_scale": 9})  # fmt: skip
     moves = (
-        "rows of W^Q and W^K, per head:\n↓ Meta's to Hugging Face's (conversion)\n"
+        "rows of q_proj.weight and\nk_proj.weight, per head:\n↓ Meta's to Hugging Face's (conversion)\n"
         "↑ Hugging Face's to Meta's (your fix)"
     )
     ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
@@ -692,10 +694,12 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
 
     One line per setup, over the positions t (x axis), of the largest absolute gap at
     t (y axis, log scale). A gap of exactly 0 cannot sit on a log axis: it is drawn as
-    a hollow marker on the dotted line at ``floor`` (the legend says so), the setups'
-    zeros at one position side by side. The picture
+    a hollow marker at its position t on the dotted line at ``floor`` (the legend says
+    so); where several setups are 0 at one t, their markers nest, the first largest,
+    none hidden. The picture
     sorts a from-scratch model's mistakes by where they start: a mistake in the
-    rotations leaves position 0 exact (its angles are 0), a mistake in the mask does not.
+    rotations leaves position 0 exact (under a causal mask it sees one key, which gets
+    weight 1 whatever its score), a mistake in the mask does not.
 
     Parameters
     ----------
@@ -753,10 +757,11 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
         nonzero = [t for t in positions if row[t] != 0]  # filled markers; zeros hollow, below
         ax.plot(positions, values.tolist(), color=colour, marker=markers[i % len(markers)], markersize=6,
                 linewidth=1.4, label=name, gid=f"gap-{i}", markevery=nonzero)  # fmt: skip
-        nudge = 0.26 * (i - (len(rows) - 1) / 2)  # zeros side by side, none hidden
-        zeros = [t + nudge for t in positions if row[t] == 0]
-        ax.plot(zeros, [floor] * len(zeros), linestyle="none", marker=markers[i % len(markers)],
-                markersize=7, markerfacecolor="white", markeredgecolor=colour, zorder=3)  # fmt: skip
+        zeros = [t for t in positions if row[t] == 0]  # hollow, at t itself
+        later = [sum(int(other[t] == 0) for other in list(rows.values())[i + 1 :]) for t in zeros]
+        sizes = [(7.0 + 4.5 * n) ** 2 for n in later]  # nested: larger under later zeros
+        ax.scatter(zeros, [floor] * len(zeros), s=sizes, marker=markers[i % len(markers)], facecolors="white",
+                   edgecolors=colour, linewidths=1.3, zorder=3 + i, gid=f"zeros-{i}")  # fmt: skip
     ax.set_yscale("log")
     ax.axhline(floor, color="#999999", linestyle=":", linewidth=1.0)
     exact = Line2D([], [], color="#999999", linestyle=":", marker="o", markerfacecolor="white",
