@@ -90,3 +90,37 @@ def test_bad_inputs_name_the_argument_and_the_shapes():
     grouped = qkv.MultiHeadAttention(8, 2, num_kv_heads=1)
     with pytest.raises(ValueError, match="2 query heads of d_k = 4 and 1 K/V heads"):
         cross_attention_shapes(grouped, torch.randn(4, 8), torch.randn(7, 8))
+
+
+def test_memory_fan_out_draws_one_memory_and_each_layers_own_weights():
+    M, I, I2, H, O = 7, 10, 6, 2, 5  # noqa: E741
+    layers = [qkv.MultiHeadAttention(I, H, kdim=I2, vdim=I2) for _ in range(2)]
+    figure = qkv.diagrams.memory_fan_out(layers, torch.randn(3, M, I2), memory_name="enc_output")
+    names = matrix_names(figure)
+    assert [n for n in names if n == "memory"] == ["memory"]  # drawn once
+    assert shape_of(figure, "memory") == (M, I2)
+    for n in range(2):
+        assert shape_of(figure, f"W^K({n})") == shape_of(figure, f"W^V({n})") == (I2, H * O)
+        assert shape_of(figure, f"K({n})") == shape_of(figure, f"V({n})") == (M, H * O)
+        assert cells(figure, f"W^K({n})").colours[0][0] == ROLE_COLOURS["k"]  # strong: learned
+        assert f"decoder layer {n}" in texts_of(figure)
+    texts = texts_of(figure)
+    assert "$K^{(1)}$" in texts and "$W^{K\\,(1)}$" in texts
+    assert any(t.startswith("One enc_output feeds two decoder layers") for t in texts)
+    assert sum(t == "M × H × O\n= (7, 2, 5)" for t in texts) == 4  # K and V, two layers
+
+
+def test_memory_fan_out_reads_keras_layers_and_refuses_wrong_widths():
+    import keras
+
+    layers = [keras.layers.MultiHeadAttention(num_heads=2, key_dim=3) for _ in range(2)]
+    memory = torch.randn(1, 5, 4)
+    for layer in layers:
+        layer(query=torch.randn(1, 3, 8), value=memory)  # builds W^K: (4, 2, 3)
+    figure = qkv.diagrams.memory_fan_out(layers, memory)
+    assert shape_of(figure, "W^K(1)") == (4, 6) and shape_of(figure, "V(0)") == (5, 6)
+    with pytest.raises(ValueError, match="layer 1's kdim"):
+        qkv.diagrams.memory_fan_out([qkv.MultiHeadAttention(8, 2, kdim=4, vdim=4),
+                                     qkv.MultiHeadAttention(8, 2, kdim=6, vdim=6)], memory)
+    with pytest.raises(ValueError, match="at least one layer"):
+        qkv.diagrams.memory_fan_out([], memory)

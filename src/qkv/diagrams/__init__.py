@@ -19,7 +19,7 @@ from qkv.diagrams._draw import (
     texts_of,
 )
 from qkv.diagrams.backward import backward_paths
-from qkv.diagrams.einsum import cross_attention_shapes
+from qkv.diagrams.einsum import cross_attention_shapes, memory_fan_out
 from qkv.diagrams.equation import (
     causal_leak,
     empty_rows,
@@ -56,6 +56,7 @@ __all__ = [
     "largest_weight_curves",
     "mask_conventions",
     "matrix_names",
+    "memory_fan_out",
     "multi_head",
     "one_loss",
     "output_hull",

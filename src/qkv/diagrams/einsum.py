@@ -5,13 +5,14 @@ named by its einsum letters as well as its sizes, and each input by the keyword 
 is passed with (``key=enc_output``: what the layer is handed as ``key`` becomes K
 only through W^K). The query ``N × I`` becomes
 ``N × H × O`` through W^Q, the memory ``M × I′`` becomes ``M × H × O`` through W^K
-and through W^V, Q and K meet in ``H × N × M`` scores, the scores average V, and
+and through W^V, Q and K meet in ``H × N × M`` scores, the softmaxed scores weight an average of V's rows, and
 W^O maps the ``H × O`` head features back to ``I``. The four weight matrices, the
 layer's own learned parameters, are the only blocks in strong colours; the data
 (inputs, what the layer computes, its output) are grey or pale. The decoder's
 residual, which adds the query to the output, is a note beside the output: it is
 the decoder's step, not the layer's.
-The letters are TensorFlow Addons' (``"...NI , HIO -> ...NHO"``): N query positions,
+:func:`memory_fan_out` draws one memory feeding the W^K and W^V of several
+layers, each its own. The letters are TensorFlow Addons' (``"...NI , HIO -> ...NHO"``): N query positions,
 M key and value positions, H heads, I and I′ the inputs' features, O the head size.
 O means the head size throughout: Addons' own output string, ``"...NHI,HIO->...NO"``,
 reuses I for the head size and O for the output's features; here W^O is
@@ -25,6 +26,7 @@ The chapter :doc:`cross_attention` (book/cross_attention.ipynb): what
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from qkv._validation import require_size, shape_str
@@ -33,7 +35,7 @@ from qkv.diagrams._draw import ROLE_COLOURS, Canvas, as_matrix, head_weights, re
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["cross_attention_shapes"]
+__all__ = ["cross_attention_shapes", "memory_fan_out"]
 
 _MAX_WIDTH = 7.0  # inches: the book's column
 _DATA_ALPHA = 0.4  # Q, K, V, the scores: pale, so that only the learned weights are strong
@@ -58,7 +60,7 @@ def cross_attention_shapes(
     Three rows project the inputs, ``query (N × I) · W^Q (I × H × O) = Q (N × H × O)``
     and ``memory (M × I′) · W^K = K``, ``· W^V = V`` (each ``M × H × O``), with white
     lines between the heads; Q and K meet in the ``H × N × M`` scores, drawn as a stack
-    of N × M maps; the softmaxed scores average V into ``heads (N × H × O)``, and ``W^O
+    of N × M maps; the softmaxed scores weight an average of V's rows into ``heads (N × H × O)``, and ``W^O
     (H × O × I)``, its head blocks of O rows split by white lines, maps them back to the
     query's ``I`` features, as wide as the query. The learned weights (W^Q, W^K, W^V,
     W^O; each layer has its own) are drawn in strong colours, the data in grey (inputs,
@@ -165,12 +167,11 @@ def cross_attention_shapes(
     width = max(x_s + M + (H - 1) * stack, x_in + HO + 2 * I + 3 * gap + canvas.inch(1.5)) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
-    canvas.title(title or "One cross-attention layer in the page's letters "
-                 "(Addons', O the head size; one sequence, no biases)")
+    canvas.title(title or "One cross-attention layer in the asker's letters (TensorFlow Addons')")
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
               f"and {memory_name}\nstrong colours: this layer's learned weights (each layer "
-              f"has its own)   grey, pale: data")  # fmt: skip
+              f"has its own)   grey, pale: data   one sequence, no biases")  # fmt: skip
     canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
 
     def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...]) -> None:
@@ -254,5 +255,130 @@ def cross_attention_shapes(
     canvas.arrow(heads["x"] + HO / 2, bend, heads["x"] + HO / 2, into)
     canvas.arrow(v_box["x"] + HO / 2, v_box["bottom"] + canvas.inch(0.3), v_box["x"] + HO / 2, bend)
     canvas.text(x_line + canvas.inch(0.08), (scores["bottom"] + bend) / 2,
-                "softmax over M,\nthen average\nthe rows of V", ha="left", size=0.8)  # fmt: skip
+                "softmax over M,\nthen a weighted\naverage of V's rows", ha="left", size=0.8)  # fmt: skip
+    return canvas.fit()
+
+
+def memory_fan_out(
+    layers: Sequence[object],
+    memory: object,
+    *,
+    memory_name: str = "memory",
+    title: str | None = None,
+) -> Figure:
+    """One memory, several cross-attention layers: each makes its own K and V from it.
+
+    The memory (the encoder's output, ``M × I′``) is drawn once, on the left; an arrow
+    leads from it to every layer's W^K and W^V (``I′ × H × O``, that layer's own
+    learned weights, in strong colours), and each product, K or V (``M × H × O``,
+    data, pale), sits to its right, labelled with the layer's number:
+    ``K^(0) = memory · W^K(0)``. Blocks are to scale, with white lines between heads;
+    one sequence, no biases. The sizes are read from the objects passed.
+
+    Parameters
+    ----------
+    layers : sequence of HeadWeights, modules with ``to_heads()``, or Keras layers
+        The decoder layers' cross-attentions, in order: built
+        ``keras.layers.MultiHeadAttention`` layers (read with
+        :func:`qkv.interop.from_keras`), :class:`qkv.MultiHeadAttention` modules, or
+        per-head weights. Each must read the memory's ``I′`` features.
+    memory : Tensor, shape (M, I′) or (B, M, I′)
+        The key and value input (the encoder's output); of a batch, the first
+        sequence.
+    memory_name : str
+        What the memory is called in the reader's code (``"enc_output"``).
+    title : str, optional
+        A title; the default says what the picture shows.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    Raises
+    ------
+    ValueError
+        When no layer is given, or the memory's features do not match a layer's
+        ``kdim`` or ``vdim`` (``memory has 5 features, but layer 1's kdim is 6``).
+
+    See Also
+    --------
+    cross_attention_shapes : one such layer, every step, in the same letters.
+    :doc:`cross_attention` : what ``key=enc_output`` means, and N, M and O.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import qkv
+    >>> from qkv.diagrams import texts_of
+    >>> layers = [qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6) for _ in range(2)]
+    >>> figure = memory_fan_out(layers, torch.zeros(7, 6))
+    >>> "$K^{(1)}$" in texts_of(figure)
+    True
+    """
+    require_matplotlib()
+    from qkv.interop import from_keras
+
+    if len(layers) == 0:
+        raise ValueError("memory_fan_out needs at least one layer, but the sequence is empty")
+    weights = [
+        from_keras(layer) if type(layer).__module__.startswith("keras") else head_weights(layer)
+        for layer in layers
+    ]
+    kv = as_matrix("memory", memory, layout="(M, I′)")
+    for n, w in enumerate(weights):
+        require_size("memory", kv, 1, w.kdim, "features", f"layer {n}'s kdim")
+        require_size("memory", kv, 1, w.vdim, "features", f"layer {n}'s vdim")
+    M, I2 = kv.shape  # the einsum's letters
+    widths = [(w.num_kv_heads * w.d_k, w.num_kv_heads * w.d_v) for w in weights]
+    widest = max(max(pair) for pair in widths)
+
+    gap_in, above_in, below_in = 0.5, 0.3, 0.12  # inches: gaps, room for labels, between rows
+    unit = min(0.1, (_MAX_WIDTH - 3.5) / (I2 + 2 * widest))
+    canvas = Canvas(1, 1, unit=unit, max_width=_MAX_WIDTH)  # resized below, once the layout is known
+    gap, above, below = canvas.inch(gap_in), canvas.inch(above_in), canvas.inch(below_in)
+    row_h = above + max(I2, M) + below
+    header = canvas.inch(0.25)
+    title_h = canvas.inch(0.75)
+    height = title_h + len(weights) * (header + 2 * row_h)
+    x_in = canvas.inch(0.1)
+    x_w = x_in + I2 + 2 * gap
+    x_p = x_w + widest + gap
+    width = x_p + widest + canvas.inch(1.6)
+    canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
+    count = {1: "one", 2: "two", 3: "three"}.get(len(weights), str(len(weights)))
+    canvas.title(title or f"One {memory_name} feeds {count} decoder layers, each with its own weights")
+    legend = (f"strong colours: each layer's own learned weights   grey, pale: data\n"
+              f"M: {memory_name}'s positions   I′: its width   H × O: heads × head size   "
+              f"each W: I′ × H × O = {shape_str((I2, weights[0].num_kv_heads, weights[0].d_k))}")  # fmt: skip
+    canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
+
+    body = height - title_h
+    top = title_h + (body - M) / 2
+    name = r"\mathtt{" + memory_name.replace("_", r"\_") + "}"
+    memory_box = canvas.matrix(x_in, top, M, I2, ROLE_COLOURS["x"], label=name, gid="memory")
+    note = f"M × I′ = {shape_str((M, I2))}\none tensor, passed as\nkey and value\nto every layer"
+    canvas.text((memory_box["x"] + memory_box["right"]) / 2, memory_box["bottom"] + canvas.inch(0.05),
+                note, va="top", size=0.8)  # fmt: skip
+    start = (memory_box["right"], top + M / 2)
+
+    y = title_h
+    for n, (w, (k_cols, v_cols)) in enumerate(zip(weights, widths, strict=True)):
+        canvas.text(x_w, y + header / 2, f"decoder layer {n}", ha="left", size=0.95, weight="bold",
+                    gid=f"layer{n}:header")  # fmt: skip
+        y += header
+        for letter, role, cols, size in (("K", "k", k_cols, w.d_k), ("V", "v", v_cols, w.d_v)):
+            row_top = y + above
+            middle = row_top + I2 / 2
+            canvas.arrow(*start, x_w - canvas.inch(0.05), middle)
+            box = canvas.matrix(x_w, row_top, I2, cols, ROLE_COLOURS[role],
+                                label=rf"W^{{{letter}\,({n})}}", gid=f"W^{letter}({n})")  # fmt: skip
+            for c in range(size, cols, size):  # white lines between heads
+                canvas.ax.plot([box["x"] + c] * 2, [box["y"], box["bottom"]], color="#FFFFFF", linewidth=1.5)
+            canvas.arrow(box["right"], middle, x_p - canvas.inch(0.05), row_top + M / 2)
+            product = canvas.matrix(x_p, row_top, M, cols, ROLE_COLOURS[role], label=rf"{letter}^{{({n})}}",
+                                    gid=f"{letter}({n})", alpha=_DATA_ALPHA)  # fmt: skip
+            sizes = shape_str((M, cols // size, size))
+            canvas.text(product["right"] + canvas.inch(0.1), row_top + M / 2, f"M × H × O\n= {sizes}",
+                        ha="left", size=0.8)  # fmt: skip
+            y += row_h
     return canvas.fit()
