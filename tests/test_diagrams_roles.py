@@ -224,3 +224,19 @@ def test_tied_preference_checks_its_inputs():
         qkv.diagrams.tied_preference(torch.randn(4, 2), names=["a"])
     with pytest.raises(ValueError, match="zero"):
         qkv.diagrams.tied_preference(torch.zeros(2, 2))
+
+
+def test_tied_preference_draws_one_panel_per_token_on_one_scale():
+    queries = torch.tensor([[1.0, 0.6], [1.9, 0.4], [-0.2, 1.5]])  # (T, 2)
+    figure = qkv.diagrams.tied_preference(queries, token=(0, 1), title="both")
+    assert len(figure.axes) == 2 and figure.get_suptitle() == "both"
+    for ax, token in zip(figure.axes, (0, 1), strict=True):
+        patches = {p.get_gid(): p for p in ax.patches}
+        assert patches["circle"].get_radius() == pytest.approx(float(queries[token].norm()))
+        assert ax.get_xlim() == figure.axes[0].get_xlim()  # the same scale
+    # token 1 prefers token 2 to itself; token 2's circle holds q_1: no mutual pair
+    second = {p.get_gid(): p for p in figure.axes[1].patches}
+    assert second["circle"].contains_point(figure.axes[1].transData.transform(queries[0].tolist()))
+    assert not second["prefers"].get_path().contains_point(queries[0].tolist())
+    with pytest.raises(ValueError, match="token must be"):
+        qkv.diagrams.tied_preference(queries, token=(0, 3))

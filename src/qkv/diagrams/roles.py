@@ -302,7 +302,7 @@ def data_flow(
 def tied_preference(
     queries: torch.Tensor,
     *,
-    token: int = 0,
+    token: int | Sequence[int] = 0,
     names: Sequence[str] | None = None,
     title: str | None = None,
 ) -> Figure:
@@ -312,14 +312,17 @@ def tied_preference(
     q_t . (q_s - q_t) / sqrt(d_k), whatever the biases, so t prefers s to itself
     exactly when q_s reaches past the line that touches the circle of radius
     ||q_t|| at q_t's tip: a region wholly outside the circle, where only a longer
-    query reaches (the Cauchy-Schwarz inequality).
+    query reaches (the Cauchy-Schwarz inequality). Several tokens give one panel
+    each, side by side on the same scale: two panels show why two tokens cannot
+    each prefer the other, since the shorter query lies inside the longer one's circle.
 
     Parameters
     ----------
     queries : Tensor, shape (T, 2)
         One head's queries q_1, ..., q_T, with two features so they can be drawn.
-    token : int
-        The position (from 0) of the token t whose circle is drawn.
+    token : int or sequence of int
+        The position (from 0) of the token t whose circle is drawn; several
+        positions draw one panel each.
     names : sequence of str, optional
         One label per query; default ``"q_1"``, ``"q_2"``, ... (positions from 1).
     title : str, optional
@@ -328,9 +331,10 @@ def tied_preference(
     Returns
     -------
     matplotlib.figure.Figure
-        The circle has gid ``"circle"``, the shaded half-plane where t prefers a
-        token to itself ``"prefers"``, and query s's arrow ``"query-{s}"`` (from 0);
-        an arrow's colour is the key colour where t prefers s to itself.
+        One axes per token. In each, the circle has gid ``"circle"``, the shaded
+        half-plane where t prefers a token to itself ``"prefers"``, and query s's
+        arrow ``"query-{s}"`` (from 0); an arrow's colour is the key colour where t
+        prefers s to itself.
 
     See Also
     --------
@@ -344,12 +348,11 @@ def tied_preference(
     >>> figure = qkv.diagrams.tied_preference(queries)
     >>> [p.get_gid() for p in figure.axes[0].patches][:2]
     ['prefers', 'circle']
+    >>> len(qkv.diagrams.tied_preference(queries, token=(0, 1)).axes)
+    2
     """
     require_matplotlib()
-    import torch
-    from matplotlib.colors import to_rgba
     from matplotlib.figure import Figure
-    from matplotlib.patches import Circle, FancyArrow, Polygon
 
     from qkv._validation import require_tensor, shape_str
 
@@ -357,18 +360,41 @@ def tied_preference(
     if points.shape[1] != 2:
         raise ValueError(f"queries must have 2 features to draw, got shape {shape_str(tuple(points.shape))}")
     count = points.shape[0]
-    if not 0 <= token < count:
-        raise ValueError(f"token must be a position from 0 to {count - 1}, got {token}")
+    tokens = [token] if isinstance(token, int) else list(token)
+    if not tokens:
+        raise ValueError("token must name at least one position")
+    for t in tokens:
+        if not isinstance(t, int) or not 0 <= t < count:
+            raise ValueError(f"token must be a position from 0 to {count - 1}, got {t}")
     labels = [f"q_{s + 1}" for s in range(count)] if names is None else [str(n) for n in names]
     if len(labels) != count:
         raise ValueError(f"names has {len(labels)} labels, but queries has {count} rows")
+    for t in tokens:
+        if float(points[t].norm()) == 0.0:
+            raise ValueError("the chosen token's query is zero: it has no circle to draw")
+    reach = 1.25 * float(points.norm(dim=-1).max())
+    figure = Figure(figsize=(4.6 * len(tokens) - 0.4 * (len(tokens) - 1), 4.2), dpi=100, layout="constrained")
+    axes = figure.subplots(1, len(tokens), squeeze=False)[0]
+    for ax, t in zip(axes, tokens, strict=True):
+        _tied_panel(ax, points, t, labels, reach)
+        if len(tokens) > 1:
+            ax.set_title(f"{math(labels[t])}'s circle", fontsize=FONT + 1)
+    if title is not None:
+        if len(tokens) > 1:
+            figure.suptitle(title, fontsize=FONT + 1)
+        else:
+            axes[0].set_title(title, fontsize=FONT + 1)
+    return figure
+
+
+def _tied_panel(ax: Axes, points: torch.Tensor, token: int, labels: list[str], reach: float) -> None:
+    """Draw one token's circle, its half-plane and every query's arrow on ``ax``."""
+    import torch
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import Circle, FancyArrow, Polygon
+
     q_t = points[token]
     radius = float(q_t.norm())
-    if radius == 0.0:
-        raise ValueError("the chosen token's query is zero: it has no circle to draw")
-    reach = 1.25 * float(points.norm(dim=-1).max())
-    figure = Figure(figsize=(4.6, 4.2), dpi=100, layout="constrained")
-    ax = figure.subplots()
     along, across = q_t / radius, torch.stack((-q_t[1], q_t[0])) / radius
     far = 4 * reach  # the half-plane, cut to a large square beyond the tangent line
     corners = [q_t + far * across, q_t + far * across + far * along, q_t - far * across + far * along]
@@ -395,9 +421,14 @@ def tied_preference(
                 length_includes_head=True, color=colour, gid=f"query-{s}",
             )
         )  # fmt: skip
+        # the label sits beyond the arrow's tip, along its direction, clear of the head
+        direction = point / max(float(point.norm()), 1e-12)
+        dx, dy = float(direction[0]), float(direction[1])
+        ha = "left" if dx > 0.4 else ("right" if dx < -0.4 else "center")
+        va = "bottom" if dy > 0.4 else ("top" if dy < -0.4 else "center")
         ax.annotate(
-            math(labels[s]), (float(point[0]), float(point[1])), xytext=(5, 4), textcoords="offset points",
-            fontsize=FONT, color=colour,
+            math(labels[s]), (float(point[0]), float(point[1])), xytext=(9 * dx, 9 * dy),
+            textcoords="offset points", ha=ha, va=va, fontsize=FONT, color=colour,
         )  # fmt: skip
     ax.set_xlim(-reach, reach)
     ax.set_ylim(-reach, reach)
@@ -407,6 +438,3 @@ def tied_preference(
     ax.set_xlabel("query feature 1")
     ax.set_ylabel("query feature 2")
     ax.legend(loc="lower left", fontsize=FONT - 1, framealpha=0.9)
-    if title is not None:
-        ax.set_title(title, fontsize=FONT + 1)
-    return figure
