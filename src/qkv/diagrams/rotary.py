@@ -697,9 +697,10 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
     a hollow marker at its position t on the dotted line at ``floor`` (the legend says
     so); where several setups are 0 at one t, their markers nest, the first largest,
     none hidden. The picture
-    sorts a from-scratch model's mistakes by where they start: a mistake in the
-    rotations leaves position 0 exact (under a causal mask it sees one key, which gets
-    weight 1 whatever its score), a mistake in the mask does not.
+    sorts a from-scratch model's mistakes by where they start: a mistake confined to
+    the scores (the rotations' pairing or base, the scale) leaves position 0 exact
+    (under a causal mask it sees one key, which gets weight 1 whatever its score); one
+    outside them (the mask, a norm, the MLP, the value or output weights) does not.
 
     Parameters
     ----------
@@ -769,7 +770,7 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
     ax.set_xlabel("position t")
     ax.set_ylabel("largest gap from the reference")
     ax.set_xticks(range(next(iter(lengths))[0]))
-    ax.set_title("Exact at position 0 (a rotation mistake) or wrong there too (the mask)?", fontsize=FONT)
+    ax.set_title("Exact at position 0: a mistake in the scores. Wrong there too: outside them", fontsize=FONT)
     handles = [*ax.get_legend_handles_labels()[0], exact]
     ax.legend(
         handles=handles, fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False
