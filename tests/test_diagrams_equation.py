@@ -91,7 +91,7 @@ def test_largest_weight_curves_draws_each_value_on_its_scale_line():
         assert list(line.get_xdata()) == [16, 64, 256]
         assert list(line.get_ydata()) == pytest.approx(values)
     assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 1)
-    assert "d_k" in ax.get_xlabel() and ax.get_title() == "look"
+    assert "d_k" in ax.get_xlabel() and "log scale" in ax.get_xlabel() and ax.get_title() == "look"
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
     assert labels == ["no scale", "÷ √d_k", "÷ d_k", "uniform 1/S = 0.10"]
 

@@ -188,7 +188,7 @@ def largest_weight_curves(
     ax.set_xscale("log", base=2)
     ax.set_xticks(widths, [f"{d:,}" for d in widths])
     ax.set_ylim(0, 1)
-    _finish_plot(ax, "head width $d_k$", "average largest weight", title)
+    _finish_plot(ax, "head width $d_k$ (log scale)", "average largest weight", title)
     return figure
 
 
