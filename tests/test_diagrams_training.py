@@ -92,3 +92,31 @@ def test_training_curves_draws_each_measure_as_given():
 def test_training_curves_says_what_it_expected(steps, curves, message):
     with pytest.raises(ValueError, match=message):
         qkv.diagrams.training_curves(steps, curves)
+
+
+def test_step_changes_draws_each_part_the_sum_and_all_together():
+    figure = qkv.diagrams.step_changes(
+        {0.1: [-0.01, -0.02, -0.029], 30: [-0.5, -0.25, 1.25]}, ["a", "b"], title="t"
+    )
+    assert len(figure.axes) == 2
+    bars = {p.get_gid(): p.get_height() for ax in figure.axes for p in ax.patches}
+    assert bars == pytest.approx({
+        "bar-0.1-a": -0.01, "bar-0.1-b": -0.02, "bar-0.1-sum of parts": -0.03,
+        "bar-0.1-all together": -0.029, "bar-30-a": -0.5, "bar-30-b": -0.25,
+        "bar-30-sum of parts": -0.75, "bar-30-all together": 1.25})  # fmt: skip
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles == ["η = 0.1\nsum -0.03, together -0.029", "η = 30\nsum -0.75, together +1.2"]
+    assert figure.axes[0].get_ylabel()
+
+
+@pytest.mark.parametrize(
+    ("changes", "parts", "message"),
+    [
+        ({}, ["a"], "at least one step size"),
+        ({1: [0.1, 0.2]}, [], "at least one part"),
+        ({1: [0.1, 0.2, 0.3]}, ["a"], r"changes\[1\] has 3 values, but 1 parts need 2"),
+    ],
+)
+def test_step_changes_says_what_it_expected(changes, parts, message):
+    with pytest.raises(ValueError, match=message):
+        qkv.diagrams.step_changes(changes, parts)

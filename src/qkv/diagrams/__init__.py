@@ -34,7 +34,7 @@ from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts
 from qkv.diagrams.inference import attention_map, cache_growth, cross_attention, decoding_step, kv_sharing
 from qkv.diagrams.roles import data_flow, tied_preference
 from qkv.diagrams.rotary import pairings, position_flow, position_gaps, position_scores, rotation, value_shift
-from qkv.diagrams.training import one_loss, training_curves
+from qkv.diagrams.training import one_loss, step_changes, training_curves
 
 __all__ = [
     "HEAD_COLOURS",
@@ -71,6 +71,7 @@ __all__ = [
     "rotation",
     "softmax_axes",
     "softmax_rows",
+    "step_changes",
     "texts_of",
     "tied_preference",
     "training_curves",

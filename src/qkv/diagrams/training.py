@@ -27,7 +27,7 @@ from qkv.diagrams.backward import _shades, require_self_attention_head
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["PARAMETERS", "one_loss", "training_curves"]
+__all__ = ["PARAMETERS", "one_loss", "step_changes", "training_curves"]
 
 #: The parameters ``one_loss`` draws, in the order of the forward pass.
 PARAMETERS = ("embeddings", "W^Q", "W^K", "W^V", "W^O", "readout")
@@ -302,4 +302,77 @@ def training_curves(
     ax.legend(loc="center right", frameon=False)
     if title:
         ax.set_title(title)
+    return figure
+
+
+def step_changes(
+    changes: Mapping[float, Sequence[float]],
+    parts: Sequence[str],
+    *,
+    title: str | None = None,
+) -> Figure:
+    """The loss's change after one gradient step, each part alone, their sum, and all at once.
+
+    One panel per step size, each on its own scale: a bar for each part of the
+    parameters stepped alone, one for the sum of those changes, and one for the
+    change when every part steps together; the panel's title gives the last two.
+    Where those agree, the parts' steps add up; where they differ, the parts interact.
+
+    Parameters
+    ----------
+    changes : mapping of float to sequence of float
+        For each step size, the loss's change with each part stepped alone, in the
+        order of ``parts``, then with all of them stepped together (one more value).
+    parts : sequence of str
+        The parts' names, for the bars' labels (matplotlib maths such as ``"$W^Q$"``
+        is typeset).
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes per step size; each bar has gid ``"bar-{step size}-{label}"``, its
+        height the value given (the sum's: the sum of the parts' values).
+
+    See Also
+    --------
+    :doc:`training` : the parts of a network do not fight over one loss.
+
+    Examples
+    --------
+    >>> import qkv
+    >>> figure = qkv.diagrams.step_changes({0.1: [-0.01, -0.02, -0.03]}, ["a", "b"])
+    >>> [round(float(p.get_height()), 2) for p in figure.axes[0].patches]
+    [-0.01, -0.02, -0.03, -0.03]
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    names = [str(p) for p in parts]
+    if not names:
+        raise ValueError("parts must name at least one part")
+    if not isinstance(changes, Mapping) or not changes:
+        raise ValueError("changes must map at least one step size to the loss's changes")
+    labels = [*names, "sum of parts", "all together"]
+    colours = [EDGE_COLOUR] * len(names) + ["#4575B4", "#A50026"]
+    figure = Figure(figsize=(2.2 * len(changes) + 0.6, 3.0), dpi=100, layout="constrained")
+    axes = figure.subplots(1, len(changes), squeeze=False)[0]
+    for ax, (eta, values) in zip(axes, changes.items(), strict=True):
+        numbers = [float(v) for v in values]
+        if len(numbers) != len(names) + 1:
+            raise ValueError(
+                f"changes[{eta!r}] has {len(numbers)} values, but {len(names)} parts need "
+                f"{len(names) + 1} (each alone, then all together)"
+            )
+        heights = [*numbers[:-1], sum(numbers[:-1]), numbers[-1]]
+        for i, (label, height, colour) in enumerate(zip(labels, heights, colours, strict=True)):
+            ax.bar(i, height, color=colour, gid=f"bar-{eta:g}-{label}")
+        ax.axhline(0, color=TEXT_COLOUR, linewidth=0.8)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+        ax.set_title(f"η = {eta:g}\nsum {heights[-2]:+.2g}, together {heights[-1]:+.2g}", fontsize=9)
+        ax.margins(y=0.15)
+    axes[0].set_ylabel("change in the loss")
+    if title:
+        figure.suptitle(title)
     return figure
