@@ -227,6 +227,8 @@ def test_tied_preference_checks_its_inputs():
 
 
 def test_tied_preference_draws_one_panel_per_token_on_one_scale():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     queries = torch.tensor([[1.0, 0.6], [1.9, 0.4], [-0.2, 1.5]])  # (T, 2)
     figure = qkv.diagrams.tied_preference(queries, token=(0, 1), title="both")
     assert len(figure.axes) == 2 and figure.get_suptitle() == "both"
@@ -234,6 +236,14 @@ def test_tied_preference_draws_one_panel_per_token_on_one_scale():
         patches = {p.get_gid(): p for p in ax.patches}
         assert patches["circle"].get_radius() == pytest.approx(float(queries[token].norm()))
         assert ax.get_xlim() == figure.axes[0].get_xlim()  # the same scale
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert texts[1] == rf"radius $\Vert q_{token + 1} \Vert$"  # the norm, as the text
+    # each legend sits below its panel, so it covers no circle, arrow or label
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)  # lays out the panels and their legends
+    for ax in figure.axes:
+        legend_box, axes_box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert legend_box.y1 <= axes_box.y0
     # token 1 prefers token 2 to itself; token 2's circle holds q_1: no mutual pair
     second = {p.get_gid(): p for p in figure.axes[1].patches}
     assert second["circle"].contains_point(figure.axes[1].transData.transform(queries[0].tolist()))

@@ -373,7 +373,7 @@ def tied_preference(
         if float(points[t].norm()) == 0.0:
             raise ValueError("the chosen token's query is zero: it has no circle to draw")
     reach = 1.25 * float(points.norm(dim=-1).max())
-    figure = Figure(figsize=(4.6 * len(tokens) - 0.4 * (len(tokens) - 1), 4.2), dpi=100, layout="constrained")
+    figure = Figure(figsize=(4.6 * len(tokens) - 0.4 * (len(tokens) - 1), 4.8), dpi=100, layout="constrained")
     axes = figure.subplots(1, len(tokens), squeeze=False)[0]
     for ax, t in zip(axes, tokens, strict=True):
         _tied_panel(ax, points, t, labels, reach)
@@ -409,7 +409,7 @@ def _tied_panel(ax: Axes, points: torch.Tensor, token: int, labels: list[str], r
     ax.add_patch(
         Circle(
             (0.0, 0.0), radius, fill=False, edgecolor=TEXT_COLOUR, linewidth=1.2, gid="circle",
-            label=f"radius {math('|' + labels[token] + '|')}",
+            label="radius " + math(rf"\Vert {labels[token]} \Vert"),
         )
     )  # fmt: skip
     for s, point in enumerate(points):
@@ -437,4 +437,5 @@ def _tied_panel(ax: Axes, points: torch.Tensor, token: int, labels: list[str], r
     ax.axvline(0, color=EDGE_COLOUR, linewidth=0.5)
     ax.set_xlabel("query feature 1")
     ax.set_ylabel("query feature 2")
-    ax.legend(loc="lower left", fontsize=FONT - 1, framealpha=0.9)
+    # below the axes, so it covers no circle, arrow or label however the queries lie
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=FONT - 1, frameon=False)
