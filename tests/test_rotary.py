@@ -125,15 +125,16 @@ def test_shifting_every_position_changes_nothing_unless_values_are_rotated():
 @pytest.mark.parametrize("rotary_dim", [None, 4])
 def test_pairing_conversion_is_a_permutation_and_its_inverse(rotary_dim):
     w = randn(H * D, 7)  # (h·d_k, d_model), as nn.Linear stores W^Q
-    half = qkv.interleaved_to_half(w, H, rotary_dim=rotary_dim)
-    torch.testing.assert_close(qkv.half_to_interleaved(half, H, rotary_dim=rotary_dim), w)
-    torch.testing.assert_close(qkv.interleaved_to_half(qkv.half_to_interleaved(w, H), H), w)
+    half = qkv.interleaved_to_half(w, H, head_dim=D, rotary_dim=rotary_dim)
+    torch.testing.assert_close(qkv.half_to_interleaved(half, H, head_dim=D, rotary_dim=rotary_dim), w)
+    back = qkv.interleaved_to_half(qkv.half_to_interleaved(w, H, head_dim=D), H, head_dim=D)
+    torch.testing.assert_close(back, w)
     r = rotary_dim or D
     order = [*range(0, r, 2), *range(1, r, 2), *range(r, D)]  # within each head
     torch.testing.assert_close(half[:D], w[order])
     torch.testing.assert_close(half[D : 2 * D], w[[D + i for i in order]])
     b = torch.arange(H * D, dtype=F64)  # a bias (h·d_k,) is reordered like the rows
-    torch.testing.assert_close(qkv.interleaved_to_half(b, H, rotary_dim=rotary_dim)[:D], b[order])
+    torch.testing.assert_close(qkv.interleaved_to_half(b, H, head_dim=D, rotary_dim=rotary_dim)[:D], b[order])
 
 
 def test_hugging_faces_conversion_permutation_is_interleaved_to_half():
@@ -143,7 +144,7 @@ def test_hugging_faces_conversion_permutation_is_interleaved_to_half():
     def permute(w, n_heads, dim1=d_model, dim2=d_model):  # convert_llama_weights_to_hf.py, as written there
         return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
 
-    torch.testing.assert_close(qkv.interleaved_to_half(w, h), permute(w, h))
+    torch.testing.assert_close(qkv.interleaved_to_half(w, h, head_dim=d_model // h), permute(w, h))
 
 
 @pytest.mark.parametrize("to_half", [True, False])
@@ -160,8 +161,8 @@ def test_converted_weights_compute_the_same_layer_in_the_other_pairing(to_half, 
     assert not torch.allclose(wrong, before(x, is_causal=True)[0], atol=1e-3)
     with torch.no_grad():
         for proj, heads in ((after.q_proj, 3), (after.k_proj, num_kv_heads)):
-            proj.weight.copy_(convert(proj.weight, heads))
-            proj.bias.copy_(convert(proj.bias, heads))
+            proj.weight.copy_(convert(proj.weight, heads, head_dim=D))
+            proj.bias.copy_(convert(proj.bias, heads, head_dim=D))
     torch.testing.assert_close(after(x, is_causal=True)[0], before(x, is_causal=True)[0])
     torch.testing.assert_close(after.v_proj.weight, before.v_proj.weight)  # W^V is never permuted
 
@@ -312,16 +313,18 @@ def test_bad_input_is_named():
         mha = module()
         mha(randn(B, T, 10), key_value=mha.project_key_value(randn(B, T, 10)))
     with pytest.raises(ValueError, match=r"rotary_dim must be even and at most d_k=4 .* got 5"):
-        qkv.interleaved_to_half(randn(12, 3), 3, rotary_dim=5)
-    with pytest.raises(ValueError, match=r"its first axis \(10\) must hold num_heads=3 heads"):
-        qkv.interleaved_to_half(randn(10, 3), 3)
+        qkv.interleaved_to_half(randn(12, 3), 3, head_dim=4, rotary_dim=5)
+    with pytest.raises(ValueError, match=r"num_heads=3 heads of head_dim=4 need 12 rows, got 10"):
+        qkv.interleaved_to_half(randn(10, 3), 3, head_dim=4)
+    with pytest.raises(TypeError, match="head_dim"):  # required: no silent default
+        qkv.half_to_interleaved(randn(8, 3), 4)
     k_proj = randn(2 * 4, 3)  # grouped-query: h_kv = 2 heads of d_k = 4, while h = 4
     with pytest.raises(ValueError, match=r"num_heads=4 heads of head_dim=4 need 16 rows, got 8"):
         qkv.half_to_interleaved(k_proj, 4, head_dim=4)  # h passed for a k_proj
     with pytest.raises(ValueError, match=r"\(8, 3\): num_heads=4 heads of head_dim=4"):
         qkv.interleaved_to_half(k_proj, 4, head_dim=4)
     right = qkv.half_to_interleaved(k_proj, 2, head_dim=4)  # h_kv: the check passes
-    torch.testing.assert_close(right, qkv.half_to_interleaved(k_proj, 2))
+    torch.testing.assert_close(qkv.interleaved_to_half(right, 2, head_dim=4), k_proj)
     with pytest.raises(ValueError, match="head_dim must be positive"):
         qkv.half_to_interleaved(k_proj, 2, head_dim=0)
 
@@ -397,7 +400,7 @@ def test_pairings_colours_partners_alike_and_draws_the_conversion(d_k):
         assert colour[f"half-{j}"] == colour[f"half-{j + d_k // 2}"] == colour[f"interleaved-{2 * j}"]
     assert len({colour[f"half-{j}"] for j in range(d_k // 2)}) == d_k // 2
     lines = {line.get_gid(): line.get_xdata() for line in figure.axes[0].lines}
-    moved = qkv.interleaved_to_half(torch.arange(float(d_k)), 1).long().tolist()  # row m holds moved[m]
+    moved = qkv.interleaved_to_half(torch.arange(float(d_k)), 1, head_dim=d_k).long().tolist()  # m: moved[m]
     for m_half, m_inter in enumerate(moved):
         assert tuple(lines[f"move-{m_inter}"]) == pytest.approx((m_inter + 0.45, m_half + 0.45))
     with pytest.raises(ValueError, match="d_k must be even"):

@@ -304,24 +304,19 @@ def apply_rotary(
 
 
 def _pair_permutation(
-    weight: object, num_heads: object, rotary_dim: int | None, name: str, head_dim: int | None = None
+    weight: object, num_heads: object, head_dim: object, rotary_dim: int | None, name: str
 ) -> tuple[Tensor, int, int, int]:
     """Validate a W^Q or W^K (or bias) for a pairing permutation; return it, h, d_k and rotary_dim."""
     tensor = require_tensor(name, weight, min_ndim=1, layout="(h·d_k, ...)")
     h = require_positive_int("num_heads", num_heads)
+    d_k = require_positive_int("head_dim", head_dim)
     rows = tensor.shape[0]
-    if head_dim is not None and rows != h * require_positive_int("head_dim", head_dim):
+    if rows != h * d_k:
         raise ValueError(
-            f"{name} has shape {shape_str(tensor.shape)}: num_heads={h} heads of head_dim={head_dim} "
-            f"need {h * head_dim} rows, got {rows} (a k_proj holds num_key_value_heads heads, "
+            f"{name} has shape {shape_str(tensor.shape)}: num_heads={h} heads of head_dim={d_k} "
+            f"need {h * d_k} rows, got {rows} (a k_proj holds num_key_value_heads heads, "
             "a q_proj num_attention_heads)"
         )
-    if rows % h:
-        raise ValueError(
-            f"{name} has shape {shape_str(tensor.shape)}: its first axis ({rows}) must hold num_heads={h} "
-            "heads of d_k rows each"
-        )
-    d_k = rows // h
     r = d_k if rotary_dim is None else require_positive_int("rotary_dim", rotary_dim)
     if r % 2 or r > d_k:
         raise ValueError(
@@ -332,7 +327,7 @@ def _pair_permutation(
 
 
 def interleaved_to_half(
-    weight: Tensor, num_heads: int, *, rotary_dim: int | None = None, head_dim: int | None = None
+    weight: Tensor, num_heads: int, *, head_dim: int, rotary_dim: int | None = None
 ) -> Tensor:
     """Reorder the rows of W^Q or W^K so that half-split RoPE computes what interleaved did.
 
@@ -350,14 +345,15 @@ def interleaved_to_half(
         as ``nn.Linear`` stores them (output features first), or their bias (h·d_k,).
     num_heads : int
         The number of heads in ``weight``: h for W^Q, h_kv for W^K.
+    head_dim : int
+        d_k, the rows per head (keyword only, required). ``weight`` must have
+        ``num_heads * head_dim`` rows, or a ValueError names both: without it, a head
+        count that divides the rows but is wrong (h for a grouped-query ``k_proj``,
+        which holds h_kv heads) would be taken as heads of another size, and the rows
+        scrambled without an error.
     rotary_dim : int, optional
         Only the first ``rotary_dim`` rows of each head are rotated, and reordered;
         default d_k.
-    head_dim : int, optional
-        d_k, the rows per head. When given, ``weight`` must have ``num_heads * head_dim``
-        rows, or a ValueError names both: a head count that divides the rows but is
-        wrong (h for a grouped-query ``k_proj``, which holds h_kv heads) is otherwise
-        taken as heads of another size, and the rows are scrambled without an error.
 
     Returns
     -------
@@ -367,8 +363,8 @@ def interleaved_to_half(
     Raises
     ------
     ValueError
-        When the rows do not split into ``num_heads`` heads (of ``head_dim`` rows, if
-        given), or ``rotary_dim`` is odd or larger than d_k.
+        When ``weight`` does not have ``num_heads * head_dim`` rows, or ``rotary_dim``
+        is odd or larger than d_k.
 
     See Also
     --------
@@ -379,10 +375,11 @@ def interleaved_to_half(
     --------
     >>> import torch
     >>> from qkv import interleaved_to_half
-    >>> interleaved_to_half(torch.arange(8.0), num_heads=2).tolist()  # 2 heads of d_k 4
+    >>> # 2 heads of d_k 4, rows numbered 0 to 7
+    >>> interleaved_to_half(torch.arange(8.0), 2, head_dim=4).tolist()
     [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]
     """
-    tensor, h, d_k, r = _pair_permutation(weight, num_heads, rotary_dim, "weight", head_dim)
+    tensor, h, d_k, r = _pair_permutation(weight, num_heads, head_dim, rotary_dim, "weight")
     heads = tensor.reshape(h, d_k, *tensor.shape[1:])  # (h, d_k, ...)
     pairs = heads[:, :r].reshape(h, r // 2, 2, *tensor.shape[1:])  # (h, r/2, 2, ...): rows 2j, 2j + 1
     reordered = torch.cat((pairs.transpose(1, 2).reshape(h, r, *tensor.shape[1:]), heads[:, r:]), dim=1)
@@ -390,7 +387,7 @@ def interleaved_to_half(
 
 
 def half_to_interleaved(
-    weight: Tensor, num_heads: int, *, rotary_dim: int | None = None, head_dim: int | None = None
+    weight: Tensor, num_heads: int, *, head_dim: int, rotary_dim: int | None = None
 ) -> Tensor:
     """The inverse of :func:`interleaved_to_half`: rows for half-split RoPE back to interleaved.
 
@@ -399,9 +396,12 @@ def half_to_interleaved(
     weight : Tensor, shape (h·d_k, ...)
         W^Q or W^K as ``nn.Linear`` stores it (or its bias), for half-split rotation.
     num_heads : int
-        The number of heads in ``weight``.
-    rotary_dim, head_dim : int, optional
-        As for :func:`interleaved_to_half`: pass ``head_dim`` to catch a wrong head count.
+        The number of heads in ``weight``: h for W^Q, h_kv for W^K.
+    head_dim : int
+        d_k, the rows per head (keyword only, required): a wrong ``num_heads`` raises
+        a ValueError, as for :func:`interleaved_to_half`.
+    rotary_dim : int, optional
+        As for :func:`interleaved_to_half`.
 
     Returns
     -------
@@ -422,7 +422,8 @@ def half_to_interleaved(
     >>> import torch
     >>> from qkv import half_to_interleaved, interleaved_to_half
     >>> w = torch.randn(12, 5)  # 3 heads of d_k 4
-    >>> torch.equal(half_to_interleaved(interleaved_to_half(w, 3), 3), w)
+    >>> back = half_to_interleaved(interleaved_to_half(w, 3, head_dim=4), 3, head_dim=4)
+    >>> torch.equal(back, w)
     True
     >>> k_proj = torch.randn(16, 5)  # 2 key heads of d_k 8, passed the 4 query heads
     >>> half_to_interleaved(k_proj, 4, head_dim=8)  # doctest: +ELLIPSIS
@@ -430,7 +431,7 @@ def half_to_interleaved(
     ...
     ValueError: weight has shape (16, 5): num_heads=4 heads of head_dim=8 need 32...
     """
-    tensor, h, d_k, r = _pair_permutation(weight, num_heads, rotary_dim, "weight", head_dim)
+    tensor, h, d_k, r = _pair_permutation(weight, num_heads, head_dim, rotary_dim, "weight")
     heads = tensor.reshape(h, d_k, *tensor.shape[1:])  # (h, d_k, ...)
     halves = heads[:, :r].reshape(h, 2, r // 2, *tensor.shape[1:])  # (h, 2, r/2, ...): rows j, j + r/2
     reordered = torch.cat((halves.transpose(1, 2).reshape(h, r, *tensor.shape[1:]), heads[:, r:]), dim=1)

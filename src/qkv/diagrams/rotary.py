@@ -338,7 +338,8 @@ def pairings(d_k: int = 8) -> Figure:
             ink = ink_on(colour)
             ax.text(m + 0.45, y + 0.25, str(m), ha="center", va="center", color=ink, fontsize=FONT - 1)
         ax.text(-0.25, y + 0.25, label, ha="right", va="center", fontsize=FONT - 1, color=TEXT_COLOUR)
-    moved = interleaved_to_half(torch.arange(float(d_k))[:, None], 1)[:, 0].long()  # row m_half holds m_inter
+    numbers = torch.arange(float(d_k))[:, None]  # (d_k, 1): one head, each row its number
+    moved = interleaved_to_half(numbers, 1, head_dim=d_k)[:, 0].long()  # row m_half holds m_inter
     for m_half, m_inter in enumerate(moved.tolist()):
         xs = [m_inter + 0.45, m_half + 0.45]
         ax.plot(xs, [1.0, 0.5], color="#999999", linewidth=0.8, gid=f"move-{m_inter}")
