@@ -159,6 +159,22 @@ def test_empty_rows_marks_the_padding_queries_on_the_y_axis():
         qkv.diagrams.empty_rows({"a": combined}, padding={"a": torch.ones(3, dtype=torch.bool)})
 
 
+def test_empty_rows_marks_the_padding_keys_on_the_x_axis():
+    real = torch.tensor([True, True, False, False])  # (S,): two pads on the right
+    inverted = ~real[None].expand(4, -1)  # (T, S): real queries read the pads only
+    figure = qkv.diagrams.empty_rows(
+        {"marked": inverted, "plain": inverted}, padding={"marked": ~real}, key_padding={"marked": ~real}
+    )
+    marked, plain = figure.axes
+    assert [t.get_text() for t in marked.get_xticklabels()] == ["0", "1", "2\npad", "3\npad"]
+    assert [t.get_text() for t in plain.get_xticklabels()] == ["0", "1", "2", "3"]
+    assert [t.get_text() for t in marked.get_yticklabels()] == ["0", "1", "2 pad", "3 pad"]
+    with pytest.raises(ValueError, match="does not have"):
+        qkv.diagrams.empty_rows({"a": inverted}, key_padding={"b": ~real})
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        qkv.diagrams.empty_rows({"a": inverted}, key_padding={"a": torch.ones(3, dtype=torch.bool)})
+
+
 def test_empty_rows_checks_its_inputs():
     with pytest.raises(ValueError, match="at least one"):
         qkv.diagrams.empty_rows({})

@@ -735,6 +735,7 @@ def empty_rows(
     *,
     title: str | None = None,
     padding: Mapping[str, torch.Tensor] | None = None,
+    key_padding: Mapping[str, torch.Tensor] | None = None,
 ) -> Figure:
     """Combined (T, S) masks side by side, each query row that has no key left framed.
 
@@ -755,13 +756,18 @@ def empty_rows(
     padding : mapping of str to Tensor of bool, shape (T,), optional
         For the panels it names, True where query t is a padding token: its row's
         label on the y axis reads ``"t pad"``, so a reader sees whose rows are empty.
+    key_padding : mapping of str to Tensor of bool, shape (S,), optional
+        For the panels it names, True where key s is a padding token: its column's
+        label on the x axis reads ``"s"`` over ``"pad"``, so a reader sees which keys a
+        row reads (an inverted mask lets real queries read padding only).
 
     Returns
     -------
     matplotlib.figure.Figure
         ``qkv.diagrams.cells(figure, heading)`` reads each panel back: whether each
         cell is hatched (blocked), and its text ("" everywhere). Each framed row is a
-        patch with gid ``"{heading}:empty:{t}"``; the y tick labels carry the padding.
+        patch with gid ``"{heading}:empty:{t}"``; the y tick labels carry the padding
+        queries, the x tick labels the padding keys.
 
     See Also
     --------
@@ -800,6 +806,17 @@ def empty_rows(
                 f"got shape {shape_str(pad.shape)}, dtype {pad.dtype}"
             )
         pads[name] = pad.tolist()
+    key_pads: dict[str, list[bool]] = {}
+    for name, flags in (key_padding or {}).items():
+        if name not in grids:
+            raise ValueError(f"key_padding names a panel {name!r} that masks does not have")
+        pad = require_tensor(f"key_padding[{name!r}]", flags, ndim=1, layout="(S,)", floating=False)
+        if pad.dtype != torch.bool or tuple(pad.shape) != (S,):
+            raise ValueError(
+                f"key_padding[{name!r}] must be a boolean tensor of shape ({S},), "
+                f"got shape {shape_str(pad.shape)}, dtype {pad.dtype}"
+            )
+        key_pads[name] = pad.tolist()
     columns = 2 if len(grids) > 3 else len(grids)  # four panels: two rows of two
     grid_rows = -(-len(grids) // columns)
     figure = Figure(
@@ -839,6 +856,8 @@ def empty_rows(
             ax.set_yticklabels([f"{t} pad" if pad else str(t) for t, pad in enumerate(pads[name])])
         ax.set_xlim(-0.5, S + 1.9)
         ax.set_xticks(range(S))
+        if name in key_pads:  # the padding's own keys, marked on the x axis
+            ax.set_xticklabels([f"{s}\npad" if pad else str(s) for s, pad in enumerate(key_pads[name])])
         ax.spines[["top", "right"]].set_visible(False)
         ax.spines["bottom"].set_bounds(-0.5, S - 0.5)  # the grid's width, not the note's
         # centred over the grid, not over the grid and its "no key" notes
