@@ -213,6 +213,7 @@ def test_tied_preference_shades_where_the_token_prefers_another_outside_its_circ
     inside = torch.tensor([[0.5 * float(q_t.norm()), 0.0]]).double()  # any point in the circle
     assert not region.get_path().contains_points(inside.numpy()).any()
     assert ax.get_title() == "look"
+    assert "$W^K = W^Q$" in ax.get_xlabel()  # the picture says it is the tied case
 
 
 def test_tied_preference_checks_its_inputs():

@@ -435,7 +435,7 @@ def _tied_panel(ax: Axes, points: torch.Tensor, token: int, labels: list[str], r
     ax.set_aspect("equal")
     ax.axhline(0, color=EDGE_COLOUR, linewidth=0.5)
     ax.axvline(0, color=EDGE_COLOUR, linewidth=0.5)
-    ax.set_xlabel("query feature 1")
+    ax.set_xlabel("query feature 1 (one matrix: $W^K = W^Q$)")  # the tied case only
     ax.set_ylabel("query feature 2")
     # below the axes, so it covers no circle, arrow or label however the queries lie
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=FONT - 1, frameon=False)
