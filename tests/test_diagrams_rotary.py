@@ -106,11 +106,17 @@ def test_position_gaps_draws_zeros_at_the_floor_and_refuses_bad_gaps():
     zeros = {c.get_gid(): c for c in figure.axes[0].collections}
     assert zeros["zeros-0"].get_offsets()[:, 0].tolist() == [0]  # hollow, at t itself
     assert zeros["zeros-1"].get_offsets()[:, 0].tolist() == [2]
-    nested = qkv.diagrams.position_gaps({"a": torch.tensor([0.0, 1.0]), "b": torch.tensor([0.0, 0.0])})
-    sizes = {c.get_gid(): c.get_sizes().tolist() for c in nested.axes[0].collections}
-    assert sizes["zeros-0"][0] > sizes["zeros-1"][0] == sizes["zeros-1"][1]  # one t: nested
+    ticks = figure.axes[0].get_yticks().tolist()
+    labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+    assert ticks[0] == 1e-12 and labels[0] == "0" and min(ticks[1:]) >= 1e-4  # 0 apart from the scale
+    two = {"a": torch.tensor([0.0, 2e-5, 0.3]), "b": torch.tensor([0.0, 0.0, 0.1])}
+    auto = qkv.diagrams.position_gaps(two)
+    zero = auto.axes[0].get_lines()[0].get_ydata().tolist()[0]
+    assert zero == pytest.approx(1e-7)  # two powers of ten below 10^-5
+    side = {c.get_gid(): c.get_offsets()[:, 0].tolist() for c in auto.axes[0].collections}
+    assert side["zeros-0"][0] < 0 < side["zeros-1"][0] and side["zeros-1"][1] == 1  # side by side at t = 0
     legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
-    assert legend == ["rotation", "mask", "hollow, on the dotted line:\nexactly 0"]
+    assert legend == ["rotation", "mask", 'hollow, at "0" (below\nthe scale): exactly 0']
     shapes = r"every gap must have one shape \(T,\), got 'a': \(3,\), 'b': \(2,\)"
     with pytest.raises(ValueError, match=shapes):
         qkv.diagrams.position_gaps({"a": torch.zeros(3), "b": torch.zeros(2)})

@@ -690,14 +690,14 @@ def value_shift(
     return figure
 
 
-def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure:
+def position_gaps(gaps: Mapping[str, object], *, floor: float | None = None) -> Figure:
     """How far each setup's output is from a reference, position by position: exact at 0, or not?
 
     One line per setup, over the positions t (x axis), of the largest absolute gap at
     t (y axis, log scale). A gap of exactly 0 cannot sit on a log axis: it is drawn as
-    a hollow marker at its position t on the dotted line at ``floor`` (the legend says
-    so); where several setups are 0 at one t, their markers nest, the first largest,
-    none hidden. The picture
+    a hollow marker on a dotted line at ``floor``, below the axis's last power of ten
+    and labelled "0" (not a value of the scale); where several setups are 0 at one t,
+    their markers stand side by side around t, none hidden. The picture
     sorts a from-scratch model's mistakes by where they start: a mistake confined to
     the scores (the rotations' pairing or base, the scale) leaves position 0 exact
     (under a causal mask it sees one key, which gets weight 1 whatever its score); one
@@ -708,8 +708,9 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
     gaps : mapping of str to Tensor, shape (T,)
         Each setup's name (the legend) and its largest gap at each position, all of one
         length T, none negative.
-    floor : float
-        Where zeros are drawn; below every nonzero gap.
+    floor : float, optional
+        Where zeros are drawn, below every nonzero gap; by default two powers of ten
+        below the smallest nonzero gap's (1e-3 if every gap is 0).
 
     Returns
     -------
@@ -726,7 +727,7 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
     >>> import torch, qkv
     >>> figure = qkv.diagrams.position_gaps({"no mask": torch.tensor([0.5, 0.25, 0.0])})
     >>> figure.axes[0].get_lines()[0].get_ydata().tolist()
-    [0.5, 0.25, 1e-16]
+    [0.5, 0.25, 0.001]
     """
     require_matplotlib()
     from matplotlib.figure import Figure
@@ -743,6 +744,10 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
     for name, row in rows.items():
         if (row < 0).any() or not torch.isfinite(row).all():
             raise ValueError(f"gaps[{name!r}] must be finite and not negative, got {row.tolist()}")
+    nonzero_gaps = torch.cat([row[row > 0].double() for row in rows.values()])  # every gap > 0
+    lowest = math.floor(math.log10(nonzero_gaps.min().item())) if len(nonzero_gaps) else -1
+    floor = 10.0 ** (lowest - 2) if floor is None else floor
+    for name, row in rows.items():
         if ((row > 0) & (row <= floor)).any():
             raise ValueError(
                 f"floor={floor} must be below every nonzero gap; gaps[{name!r}] has {row.tolist()}"
@@ -752,6 +757,8 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
     from matplotlib.lines import Line2D
 
     markers = "osD^v<>"
+    length = next(iter(lengths))[0]
+    zero_at = {t: [i for i, row in enumerate(rows.values()) if row[t] == 0] for t in range(length)}
     for i, (name, row) in enumerate(rows.items()):
         values = row.detach().double().clamp(min=floor)  # (T,): zeros at the floor
         colour = HEAD_COLOURS[i % len(HEAD_COLOURS)]
@@ -759,15 +766,26 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float = 1e-16) -> Figure
         nonzero = [t for t in positions if row[t] != 0]  # filled markers; zeros hollow, below
         ax.plot(positions, values.tolist(), color=colour, marker=markers[i % len(markers)], markersize=6,
                 linewidth=1.4, label=name, gid=f"gap-{i}", markevery=nonzero)  # fmt: skip
-        zeros = [t for t in positions if row[t] == 0]  # hollow, at t itself
-        later = [sum(int(other[t] == 0) for other in list(rows.values())[i + 1 :]) for t in zeros]
-        sizes = [(7.0 + 4.5 * n) ** 2 for n in later]  # nested: larger under later zeros
-        ax.scatter(zeros, [floor] * len(zeros), s=sizes, marker=markers[i % len(markers)], facecolors="white",
+        zeros = [t for t in positions if row[t] == 0]
+        spread = [t + 0.2 * (zero_at[t].index(i) - (len(zero_at[t]) - 1) / 2) for t in zeros]  # side by side
+        ax.scatter(spread, [floor] * len(zeros), s=40, marker=markers[i % len(markers)], facecolors="white",
                    edgecolors=colour, linewidths=1.3, zorder=3 + i, gid=f"zeros-{i}")  # fmt: skip
     ax.set_yscale("log")
     ax.axhline(floor, color="#999999", linestyle=":", linewidth=1.0)
+    largest = nonzero_gaps.max().item() if len(nonzero_gaps) else 1.0
+    top = math.ceil(math.log10(max(largest, 10.0 ** (lowest + 1))))  # the scale's last power
+    decades = [10.0**e for e in range(lowest, top + 1)]  # the scale starts at the smallest gap's power
+    step = max(1, math.ceil(len(decades) / 6))
+    ticks = [floor, *decades[::-1][::step][::-1]]
+    ax.set_yticks(ticks, ["0", *(f"$10^{{{round(math.log10(d))}}}$" for d in ticks[1:])])
+    ax.minorticks_off()
+    ax.set_ylim(floor / 3, 10.0 ** top * 1.5)
+    break_at = (math.log10(floor) + lowest) / 2  # the axis break, between 0 and the scale
+    ax.text(0, 10.0**break_at, "≈", transform=ax.get_yaxis_transform(), ha="center", va="center",
+            fontsize=FONT + 2, rotation=90, backgroundcolor="white", gid="axis-break")  # fmt: skip
+    exact_label = 'hollow, at "0" (below\nthe scale): exactly 0'
     exact = Line2D([], [], color="#999999", linestyle=":", marker="o", markerfacecolor="white",
-                   markeredgecolor="#777777", label="hollow, on the dotted line:\nexactly 0")  # fmt: skip
+                   markeredgecolor="#777777", label=exact_label)  # fmt: skip
     ax.set_xlabel("position t")
     ax.set_ylabel("largest gap from the reference")
     ax.set_xticks(range(next(iter(lengths))[0]))
