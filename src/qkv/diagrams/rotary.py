@@ -789,7 +789,8 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float | None = None) -> 
     ax.set_xlabel("position t")
     ax.set_ylabel("largest gap from the reference")
     ax.set_xticks(range(next(iter(lengths))[0]))
-    ax.set_title("Exact at position 0: a mistake in the scores. Wrong there too: outside them", fontsize=FONT)
+    title = "Exact at position 0: a mistake one key cannot show. Wrong there too: elsewhere"
+    ax.set_title(title, fontsize=FONT)
     handles = [*ax.get_legend_handles_labels()[0], exact]
     ax.legend(
         handles=handles, fontsize=FONT - 2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False
