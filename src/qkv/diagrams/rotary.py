@@ -789,7 +789,7 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float | None = None) -> 
     ax.set_xlabel("position t")
     ax.set_ylabel("largest gap from the reference")
     ax.set_xticks(range(next(iter(lengths))[0]))
-    title = "Exact at position 0: a mistake one key cannot show. Wrong there too: elsewhere"
+    title = "Exact at position 0: a mistake one key cannot show. Wrong at 0 too: one it can"
     ax.set_title(title, fontsize=FONT)
     handles = [*ax.get_legend_handles_labels()[0], exact]
     ax.legend(
