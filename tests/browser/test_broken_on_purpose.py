@@ -175,6 +175,19 @@ def test_accessibility_violations_are_caught(open_page) -> None:
     )
 
 
+def test_a_faint_link_on_an_exercise_is_caught_and_the_css_darkens_it(open_page) -> None:
+    """The theme's link blue on an exercise's tinted background falls below 4.5:1 (a
+    citation in rotary/additive's exercise did); reader-view.css darkens it there."""
+    exercise = (
+        '<div class="exercise admonition"><p class="admonition-title">Exercise</p>'
+        '<section><p>See <a class="reference internal" href="#">a citation</a>.</p></section></div>'
+    )
+    broken = _broken(open_page, exercise, block=WITHOUT_CSS)
+    found = " ".join(find_accessibility_violations(broken, rules="contrast"))
+    assert "color-contrast (serious" in found and ">a citation</a>" in found, found
+    assert not find_accessibility_violations(_broken(open_page, exercise), rules="contrast")
+
+
 def test_figures_without_meaningful_alt_text_are_caught(browser) -> None:
     """Hashed, empty and missing alt text fail; a sentence that says what the figure shows passes."""
     page = browser.new_page()
