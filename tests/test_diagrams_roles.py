@@ -120,7 +120,7 @@ def test_the_operations_are_named_on_their_arrows_and_long_names_break_to_fit():
     assert "self.query" in texts and "self.value" in texts and "self.key" not in texts
     assert "$XW^Q + b^Q$" in texts and "$XW^K + b^K$" not in texts
     assert "query(\nhidden_states)" in texts  # broken after "(", not shrunk
-    assert "concat of $A_i V_i$" in texts  # the output is the heads side by side
+    assert "joined, before $W^O$" in texts and "heads' outputs" in texts  # the heads side by side, before W^O
     (ax,) = figure.axes
     sizes = [t.get_fontsize() for t in ax.texts if t.get_text().startswith("query(")]
     assert min(sizes) >= 7.5
@@ -165,7 +165,7 @@ def test_the_attention_weights_are_labelled_with_their_formula():
     figure = qkv.diagrams.data_flow(torch.randn(4, 12), qkv.MultiHeadAttention(12, 3), attention_weights=True,
                                     code={"A": "attn_weights"})  # fmt: skip
     texts = texts_of(figure)
-    assert r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$" in texts and "concat of $A_i V_i$" in texts
+    assert r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$" in texts and "joined, before $W^O$" in texts
     # The formula sits above A, where Q's and K's arrows come in; A's arrow to the output
     # ends on the output's top edge, clear of the shape text under A.
     (ax,) = figure.axes

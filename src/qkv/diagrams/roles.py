@@ -72,7 +72,8 @@ def data_flow(
     input X feeds all three operations; pass ``key`` (and ``value``) for
     cross-attention. With ``attention_weights=True`` a fifth column draws the
     attention weights, (h, T, S): only Q and K reach them ("where to look"), and V
-    goes past them to the output ("what to hand over").
+    goes past them to the output ("what to hand over"). The last box is the heads'
+    outputs joined, before the output projection W^O, which the figure leaves out.
 
     Parameters
     ----------
@@ -178,8 +179,8 @@ def data_flow(
                            facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=gid)
         )  # fmt: skip
         middle = (top + bottom) / 2
-        title = label if label == "output" else math(label)
-        lines: list[tuple[str, float, str | None]] = [(title, FONT * 1.25, None), (shape, FONT * 0.85, None)]
+        title = (label, FONT * 0.9) if label == "heads' outputs" else (math(label), FONT * 1.25)  # joined
+        lines: list[tuple[str, float, str | None]] = [(*title, None), (shape, FONT * 0.85, None)]
         if gid in names:  # a library's name, smaller where it would overflow the box
             name = names[gid]
             fits = (width - 0.1) * 72 / (0.6 * len(name))  # monospace: 0.6 em a letter
@@ -190,7 +191,7 @@ def data_flow(
         elif gid == "output" and not attention_weights:
             lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})\,V_i$", FONT * 0.75, None))
         elif gid == "output":
-            lines.append((r"concat of $A_i V_i$", FONT * 0.7, None))
+            lines.append((r"joined, before $W^O$", FONT * 0.75, None))
         offsets = {1: [0.0], 2: [-0.14, 0.14], 3: [-0.26, 0.0, 0.24]}[len(lines)]
         if "\n" in lines[-1][0]:  # a name on two lines: everything a little higher
             offsets = [-0.3, -0.08, 0.17]  # clear of the heads' strip
@@ -295,7 +296,7 @@ def data_flow(
     out_shape = _shape(T, f"{h}·{d_v}")
     top = row_top(out_row)
     colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
-    box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "output", out_shape, "output")
+    box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "heads' outputs", out_shape, "output")
     return figure
 
 
