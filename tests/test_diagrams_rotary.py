@@ -103,6 +103,9 @@ def test_position_gaps_draws_zeros_at_the_floor_and_refuses_bad_gaps():
     assert lines["gap-0"].get_ydata().tolist() == [1e-12, 2.0**-10, 2.0**-9]  # the zero at the floor
     assert lines["gap-1"].get_ydata().tolist() == [0.5, 0.25, 1e-12]
     assert figure.axes[0].get_yscale() == "log"
+    assert figure.axes[0].get_ylabel() == "largest gap from the reference"
+    named = qkv.diagrams.position_gaps(gaps, floor=1e-12, reference="the unchanged model")
+    assert named.axes[0].get_ylabel() == "largest gap from the unchanged model"
     zeros = {c.get_gid(): c for c in figure.axes[0].collections}
     assert zeros["zeros-0"].get_offsets()[:, 0].tolist() == [0]  # hollow, at t itself
     assert zeros["zeros-1"].get_offsets()[:, 0].tolist() == [2]

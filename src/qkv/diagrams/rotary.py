@@ -690,7 +690,9 @@ def value_shift(
     return figure
 
 
-def position_gaps(gaps: Mapping[str, object], *, floor: float | None = None) -> Figure:
+def position_gaps(
+    gaps: Mapping[str, object], *, floor: float | None = None, reference: str = "the reference"
+) -> Figure:
     """How far each setup's output is from a reference, position by position: exact at 0, or not?
 
     One line per setup, over the positions t (x axis), of the largest absolute gap at
@@ -711,6 +713,9 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float | None = None) -> 
     floor : float, optional
         Where zeros are drawn, below every nonzero gap; by default two powers of ten
         below the smallest nonzero gap's (1e-3 if every gap is 0).
+    reference : str, optional
+        What the gaps are measured from, for the y axis's label ("largest gap from
+        {reference}").
 
     Returns
     -------
@@ -787,9 +792,9 @@ def position_gaps(gaps: Mapping[str, object], *, floor: float | None = None) -> 
     exact = Line2D([], [], color="#999999", linestyle=":", marker="o", markerfacecolor="white",
                    markeredgecolor="#777777", label=exact_label)  # fmt: skip
     ax.set_xlabel("position t")
-    ax.set_ylabel("largest gap from the reference")
+    ax.set_ylabel(f"largest gap from {reference}")
     ax.set_xticks(range(next(iter(lengths))[0]))
-    title = "Exact at position 0: a mistake one key cannot show. Wrong at 0 too: one it can"
+    title = "Exact at t = 0: a mistake in the scores. Wrong at t = 0 too: one outside them"
     ax.set_title(title, fontsize=FONT)
     handles = [*ax.get_legend_handles_labels()[0], exact]
     ax.legend(
