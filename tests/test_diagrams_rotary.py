@@ -104,6 +104,8 @@ def test_position_gaps_draws_zeros_at_the_floor_and_refuses_bad_gaps():
     assert lines["gap-1"].get_ydata().tolist() == [0.5, 0.25, 1e-12]
     assert figure.axes[0].get_yscale() == "log"
     assert figure.axes[0].get_ylabel() == "largest gap from the reference"
+    title = figure.axes[0].get_title()  # the rule: what position 0 reads and returns
+    assert title.startswith("Exact at t = 0: what position 0 reads") and "no mask" in title
     named = qkv.diagrams.position_gaps(gaps, floor=1e-12, reference="the unchanged model")
     assert named.axes[0].get_ylabel() == "largest gap from the unchanged model"
     zeros = {c.get_gid(): c for c in figure.axes[0].collections}

@@ -700,10 +700,12 @@ def position_gaps(
     a hollow marker on a dotted line at ``floor``, below the axis's last power of ten
     and labelled "0" (not a value of the scale); where several setups are 0 at one t,
     their markers stand side by side around t, none hidden. The picture
-    sorts a from-scratch model's mistakes by where they start: a mistake confined to
-    the scores (the rotations' pairing or base, the scale) leaves position 0 exact
-    (under a causal mask it sees one key, which gets weight 1 whatever its score); one
-    outside them (the mask, a norm, the MLP, the value or output weights) does not.
+    sorts a from-scratch model's mistakes by where they start. Under a causal mask
+    position 0 sees one key, which gets weight 1 whatever its score, so a mistake that
+    leaves what position 0 reads and returns unchanged leaves it exact: a finite change
+    to the scores with the mask kept (the rotations' pairing or base, the scale), or one
+    that is the identity at position 0 (rotated values). One that changes what it reads
+    (no mask) or returns (a norm, the MLP, the value or output weights) does not.
 
     Parameters
     ----------
@@ -794,7 +796,10 @@ def position_gaps(
     ax.set_xlabel("position t")
     ax.set_ylabel(f"largest gap from {reference}")
     ax.set_xticks(range(next(iter(lengths))[0]))
-    title = "Exact at t = 0: a mistake in the scores. Wrong at t = 0 too: one outside them"
+    title = (  # position 0 under a causal mask: one key, weight 1
+        "Exact at t = 0: what position 0 reads (one key, weight 1) and returns is unchanged\n"
+        "Wrong at t = 0 too: no mask, or a change to what position 0 returns"
+    )
     ax.set_title(title, fontsize=FONT)
     handles = [*ax.get_legend_handles_labels()[0], exact]
     ax.legend(
