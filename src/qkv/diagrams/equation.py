@@ -730,6 +730,28 @@ def causal_leak(allowed: torch.Tensor, column: int, *, title: str | None = None)
     return figure
 
 
+def _padding_flags(
+    argument: str,
+    flags_by_panel: Mapping[str, object] | None,
+    grids: Mapping[str, object],
+    length: int,
+    layout: str,
+) -> dict[str, list[bool]]:
+    """Each panel's padding flags as a list, checked: a named panel, booleans, ``length`` of them."""
+    flags: dict[str, list[bool]] = {}
+    for name, given in (flags_by_panel or {}).items():
+        if name not in grids:
+            raise ValueError(f"{argument} names a panel {name!r} that masks does not have")
+        pad = require_tensor(f"{argument}[{name!r}]", given, ndim=1, layout=layout, floating=False)
+        if pad.dtype != torch.bool or tuple(pad.shape) != (length,):
+            raise ValueError(
+                f"{argument}[{name!r}] must be a boolean tensor of shape ({length},), "
+                f"got shape {shape_str(pad.shape)}, dtype {pad.dtype}"
+            )
+        flags[name] = pad.tolist()
+    return flags
+
+
 def empty_rows(
     masks: Mapping[str, torch.Tensor],
     *,
@@ -795,28 +817,8 @@ def empty_rows(
     if len(shapes) > 1:
         raise ValueError(f"masks must share one shape (T, S), got {sorted(shapes)}")
     T, S = next(iter(grids.values())).shape
-    pads: dict[str, list[bool]] = {}
-    for name, flags in (padding or {}).items():
-        if name not in grids:
-            raise ValueError(f"padding names a panel {name!r} that masks does not have")
-        pad = require_tensor(f"padding[{name!r}]", flags, ndim=1, layout="(T,)", floating=False)
-        if pad.dtype != torch.bool or tuple(pad.shape) != (T,):
-            raise ValueError(
-                f"padding[{name!r}] must be a boolean tensor of shape ({T},), "
-                f"got shape {shape_str(pad.shape)}, dtype {pad.dtype}"
-            )
-        pads[name] = pad.tolist()
-    key_pads: dict[str, list[bool]] = {}
-    for name, flags in (key_padding or {}).items():
-        if name not in grids:
-            raise ValueError(f"key_padding names a panel {name!r} that masks does not have")
-        pad = require_tensor(f"key_padding[{name!r}]", flags, ndim=1, layout="(S,)", floating=False)
-        if pad.dtype != torch.bool or tuple(pad.shape) != (S,):
-            raise ValueError(
-                f"key_padding[{name!r}] must be a boolean tensor of shape ({S},), "
-                f"got shape {shape_str(pad.shape)}, dtype {pad.dtype}"
-            )
-        key_pads[name] = pad.tolist()
+    pads = _padding_flags("padding", padding, grids, T, "(T,)")
+    key_pads = _padding_flags("key_padding", key_padding, grids, S, "(S,)")
     columns = 2 if len(grids) > 3 else len(grids)  # four panels: two rows of two
     grid_rows = -(-len(grids) // columns)
     figure = Figure(
