@@ -555,7 +555,7 @@ def mask_conventions(
         ),
         (
             "hugging face",
-            "Hugging Face attention_mask:\n1 = real token (SDPA's rule, as 1/0)",
+            "Hugging Face attention_mask:\n1 = real token\n(SDPA's rule as 0/1; pass .bool())",
             [["1" if a else "0" for a in row] for row in allowed.tolist()],
             allowed,
         ),
