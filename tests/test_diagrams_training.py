@@ -104,6 +104,8 @@ def test_step_changes_draws_each_part_the_sum_and_all_together():
         "bar-0.1-a": -0.01, "bar-0.1-b": -0.02, "bar-0.1-sum of parts": -0.03,
         "bar-0.1-all together": -0.029, "bar-30-a": -0.5, "bar-30-b": -0.25,
         "bar-30-sum of parts": -0.75, "bar-30-all together": 1.25})  # fmt: skip
+    labels = [text.get_text() for text in figure.axes[0].texts]
+    assert labels == ["-0.01", "-0.02", "-0.03", "-0.029"]  # each bar's value, written
     titles = [ax.get_title() for ax in figure.axes]
     assert titles == ["η = 0.1\nsum -0.03, together -0.029", "η = 30\nsum -0.75, together +1.2"]
     assert figure.axes[0].get_ylabel()

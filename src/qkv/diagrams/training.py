@@ -333,7 +333,8 @@ def step_changes(
     -------
     matplotlib.figure.Figure
         One axes per step size; each bar has gid ``"bar-{step size}-{label}"``, its
-        height the value given (the sum's: the sum of the parts' values).
+        height the value given (the sum's: the sum of the parts' values), and is
+        labelled with that value, so a bar too short to see still shows it.
 
     See Also
     --------
@@ -367,11 +368,12 @@ def step_changes(
             )
         heights = [*numbers[:-1], sum(numbers[:-1]), numbers[-1]]
         for i, (label, height, colour) in enumerate(zip(labels, heights, colours, strict=True)):
-            ax.bar(i, height, color=colour, gid=f"bar-{eta:g}-{label}")
+            bar = ax.bar(i, height, color=colour, gid=f"bar-{eta:g}-{label}")
+            ax.bar_label(bar, [f"{height:+.2g}"], rotation=90, fontsize=7, padding=2)
         ax.axhline(0, color=TEXT_COLOUR, linewidth=0.8)
         ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
         ax.set_title(f"η = {eta:g}\nsum {heights[-2]:+.2g}, together {heights[-1]:+.2g}", fontsize=9)
-        ax.margins(y=0.15)
+        ax.margins(y=0.45)  # room for the bars' labels
     axes[0].set_ylabel("change in the loss")
     if title:
         figure.suptitle(title)
