@@ -210,6 +210,8 @@ def test_tied_preference_shades_where_the_token_prefers_another_outside_its_circ
             assert q_s.norm() > q_t.norm()  # only a longer query: outside the circle
         colour = patches[f"query-{s}"].get_facecolor()
         assert (colour == matplotlib.colors.to_rgba(qkv.diagrams.ROLE_COLOURS["k"])) == prefers
+    own = patches[f"query-{token}"].get_facecolor()  # t's arrow: its circle's ink, no role
+    assert own == matplotlib.colors.to_rgba(circle.get_edgecolor())
     inside = torch.tensor([[0.5 * float(q_t.norm()), 0.0]]).double()  # any point in the circle
     assert not region.get_path().contains_points(inside.numpy()).any()
     assert ax.get_title() == "look"

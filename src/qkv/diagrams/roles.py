@@ -335,7 +335,9 @@ def tied_preference(
         One axes per token. In each, the circle has gid ``"circle"``, the shaded
         half-plane where t prefers a token to itself ``"prefers"``, and query s's
         arrow ``"query-{s}"`` (from 0); an arrow's colour is the key colour where t
-        prefers s to itself.
+        prefers s to itself, grey where not; t's own arrow has its circle's ink, since
+        the query colour would mark the same vector as a query in one panel and a key in
+        the next.
 
     See Also
     --------
@@ -415,7 +417,9 @@ def _tied_panel(ax: Axes, points: torch.Tensor, token: int, labels: list[str], r
     )  # fmt: skip
     for s, point in enumerate(points):
         prefers = s != token and float(q_t @ (point - q_t)) > 0
-        colour = ROLE_COLOURS["q"] if s == token else (ROLE_COLOURS["k"] if prefers else ROLE_COLOURS["x"])
+        # t's own arrow in its circle's ink: blue here and vermillion in the next panel
+        # would read as a change of role
+        colour = TEXT_COLOUR if s == token else (ROLE_COLOURS["k"] if prefers else ROLE_COLOURS["x"])
         ax.add_patch(
             FancyArrow(
                 0.0, 0.0, float(point[0]), float(point[1]), width=0.012 * reach, head_width=0.06 * reach,
