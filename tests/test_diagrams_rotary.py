@@ -89,7 +89,8 @@ def test_position_flow_turns_queries_and_keys_and_not_values():
     assert "mask: s ≤ t" not in qkv.diagrams.texts_of(unmasked)
     assert boxes["mask"].get_x() == boxes["R_t"].get_x()  # the mask: in the position column
     assert "mask" not in {p.get_gid() for p in unmasked.axes[0].patches}
-    assert "head 1 of 3" in texts  # the q, k, v column is one head's slice
+    assert "per head: head 1 of 3" in texts  # one head's slice: rotation and q, k, v
+    assert "split: 3 heads" in texts  # split at the weights, before the rotation
     with pytest.raises(ValueError, match="the layer's heads have d_k=4, but rotary is for d_k=8"):
         qkv.diagrams.rotary.position_flow(torch.randn(5, 12), mha, qkv.RotaryEmbedding(8))
     with pytest.raises(TypeError, match=r"rotary must be a qkv\.RotaryEmbedding"):

@@ -389,8 +389,9 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         Each box has a ``gid``: ``"X"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``, ``"R_t"``,
         ``"R_s"``, ``"no-rotation"``, ``"q"``, ``"k"``, ``"v"``, ``"score"``,
         ``"sum"`` and ``"output"``, and when ``causal`` ``"mask"``, the mask's box in
-        the position column (its line into the score: ``"mask-line"``). The column of
-        q, k and v is headed "head 1 of h": one head's slice.
+        the position column (its line into the score: ``"mask-line"``). Each weight's box
+        says "split: h heads" (``h_kv`` for W^K and W^V), and one header, "per head: head 1
+        of h", spans the rotation and q, k, v: the heads are split, then each is rotated.
 
     See Also
     --------
@@ -449,10 +450,15 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         style = {"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 0, "shrinkB": 0}
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=style)
 
-    headers = ["input", "parameters", "position", f"head 1 of {h}", "attention", "projection"]
-    for c, header in enumerate(headers):
+    # Split into heads, then rotate each: one header, "head 1 of h", spans the rotation and its product.
+    headers = {0: "input", 1: "parameters", 4: "attention", 5: "projection"}
+    for c, header in headers.items():
         ax.text(column[c] + box_w / 2, 0.17, header, ha="center", va="center", fontsize=FONT * 0.8,
                 weight="bold", color=TEXT_COLOUR)  # fmt: skip
+    span = (column[2] + column[3] + box_w) / 2  # the middle of columns 2 and 3
+    ax.text(span, 0.17, f"per head: head 1 of {h}", ha="center", va="center",
+            fontsize=FONT * 0.8, weight="bold", color=TEXT_COLOUR, gid="head-header")  # fmt: skip
+    ax.plot([column[2], column[3] + box_w], [0.3, 0.3], color=TEXT_COLOUR, linewidth=0.8, gid="head-span")
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
     rows = [  # role, weight, its output width, rotation box, product
         ("q", "W^Q", f"{h}×{d_k}", ("R_t", ["$R_t$", r"rotate by $t\theta_j$"]),
@@ -465,7 +471,9 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
         colour = ROLE_COLOURS[role]
         arrow(column[0] + box_w, middle[1], column[1], middle[i])
-        box(1, top[i], top[i] + box_h, colour, [f"${w_name}$", f"({d_model}, {out})"], w_name)
+        heads = h if role == "q" else h_kv  # split before R_t: each head is rotated alone
+        split = f"split: {heads} head" + ("s" if heads > 1 else "")
+        box(1, top[i], top[i] + box_h, colour, [f"${w_name}$", f"({d_model}, {out})", split], w_name)
         arrow(column[1] + box_w, middle[i], column[2], middle[i])
         unturned = role == "v"
         box(2, top[i], top[i] + box_h, "#999999" if unturned else colour, r_lines, r_gid, dashed=unturned)
