@@ -735,7 +735,7 @@ def position_gaps(
 
     See Also
     --------
-    :doc:`rotary` : which mistake, from the symptom.
+    :doc:`rotary` : a mistake in the scores, or not, from the symptom.
 
     Examples
     --------
@@ -806,7 +806,7 @@ def position_gaps(
     ax.set_xticks(range(next(iter(lengths))[0]))
     title = (  # position 0 under a causal mask: one key, weight 1
         "Exact at t = 0: what position 0 reads (one key, weight 1) and returns is unchanged\n"
-        "Wrong at t = 0 too: no mask, or a change to what position 0 returns"
+        "Wrong at t = 0 too: no mask (position 0 then reads later keys)"
     )
     ax.set_title(title, fontsize=FONT)
     handles = [*ax.get_legend_handles_labels()[0], exact]
