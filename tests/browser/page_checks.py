@@ -252,6 +252,31 @@ def find_wider_than_window(page: Any) -> list[str]:
     return page.evaluate(WIDER_THAN_WINDOW_JS)
 
 
+# A figure shown at another shape than it was drawn: its width capped at the column while
+# an inline height stayed, which squeezes its text and shapes sideways.
+SQUEEZED_FIGURES_JS = """
+() => Array.from(document.querySelectorAll("article img"))
+    .filter((img) => img.naturalWidth > 0 && img.naturalHeight > 0)
+    .filter((img) => {
+        const box = img.getBoundingClientRect();
+        if (box.width === 0 || box.height === 0) { return false; }
+        const drawn = img.naturalWidth / img.naturalHeight;
+        const shown = box.width / box.height;
+        return Math.abs(shown / drawn - 1) > 0.02;
+    })
+    .map((img) => {
+        const box = img.getBoundingClientRect();
+        return `${img.getAttribute("src")}: drawn ${img.naturalWidth} x ${img.naturalHeight}, ` +
+            `shown ${Math.round(box.width)} x ${Math.round(box.height)}`;
+    })
+"""
+
+
+def find_squeezed_figures(page: Any) -> list[str]:
+    """Figures shown at another aspect ratio than they were drawn (more than 2 % off)."""
+    return page.evaluate(SQUEEZED_FIGURES_JS)
+
+
 # Maths (display, or inline in a span) wider than its column must scroll and show that it
 # does (a faded edge: phones hide scroll bars). Scrolled to its end, the fade moves to the other side.
 CLIPPED_MATHS_JS = """

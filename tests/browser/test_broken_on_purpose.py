@@ -13,6 +13,7 @@ from page_checks import (
     DESKTOP,
     PHONE,
     find_accessibility_violations,
+    find_broken_images,
     find_clipped_maths,
     find_dead_sidebar_buttons,
     find_long_tracebacks,
@@ -22,6 +23,7 @@ from page_checks import (
     find_maths_in_title,
     find_meaningless_alt,
     find_raw_markdown,
+    find_squeezed_figures,
     find_wider_than_column,
     find_wider_than_window,
     search_results,
@@ -86,6 +88,16 @@ def test_clipped_maths_is_caught_and_the_fade_says_it_scrolls(open_page) -> None
     found = find_clipped_maths(_broken(open_page, wide, block=WITHOUT_FIXES))
     assert any("Q=XWQ,K=XWK,V=XWV,WQ,WK∈Rdmodel×dk" in problem for problem in found), found
     assert not find_clipped_maths(_broken(open_page, wide))
+
+
+def test_a_squeezed_figure_is_caught_and_the_css_prevents_it(open_page) -> None:
+    """myst-nb writes a figure's height inline; with the width capped, it would squeeze."""
+    without, _ = open_page("book/masks.html", width=PHONE, block=WITHOUT_CSS)
+    assert not find_broken_images(without)  # loads every figure before measuring
+    assert find_squeezed_figures(without)
+    with_css, _ = open_page("book/masks.html", width=PHONE)
+    assert not find_broken_images(with_css)
+    assert not find_squeezed_figures(with_css)
 
 
 def test_code_wider_than_the_column_is_caught_and_the_css_prevents_it(open_page) -> None:

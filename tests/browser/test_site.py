@@ -49,6 +49,7 @@ from page_checks import (
     find_maths_in_title,
     find_meaningless_alt,
     find_raw_markdown,
+    find_squeezed_figures,
     find_wider_than_column,
     find_wider_than_window,
     search_results,
@@ -177,6 +178,7 @@ def test_page_reads_well(open_page, relative: str) -> None:
             settle(page)
         failures[f"wider than a {width} px window"] = find_wider_than_window(page)
         failures[f"display maths cut off, no sign that it scrolls ({width} px)"] = find_clipped_maths(page)
+        failures[f"figures squeezed out of shape ({width} px)"] = find_squeezed_figures(page)
         if width == DESKTOP:
             failures["code, output or maths wider than the column at 1280 px"] = find_wider_than_column(page)
         # The colours' contrast once in light mode (here, at phone width) and once in dark.
