@@ -238,3 +238,60 @@ def test_empty_rows_puts_four_panels_in_two_rows_of_two():
     assert positions == [(2, 2)] * 4
     assert [ax.get_title() for ax in figure.axes] == list(masks)
     assert patches_by_gid(figure, "b:empty:2")  # ~causal leaves the last query no key
+
+
+def _routes(sdpa_output, sdpa_gradient=None):
+    """The three routes' outputs and two gradients, as a page measures them."""
+    nan = torch.full((2, 4), math.nan)  # two empty rows, d_model = 4
+    outputs = {"fast path": nan, "explicit softmax": nan, "SDPA": sdpa_output}
+    gradients = {"explicit softmax": torch.full((12, 4), math.nan)}
+    gradients["SDPA"] = torch.zeros(12, 4) if sdpa_gradient is None else sdpa_gradient
+    return outputs, gradients
+
+
+def test_mask_routes_writes_each_routes_measured_outcome():
+    bias = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    figure = qkv.diagrams.mask_routes(*_routes(bias.expand(2, -1)), bias, title="routes")
+    routes = cells(figure, "routes")
+    assert routes.text == [["NaN", "none"], ["NaN", "NaN"], ["out_proj.bias", "finite"]]
+    assert routes.colours[0][0] == routes.colours[1][1] == "#000000"  # NaN: black
+    assert routes.colours[2][0] == ROLE_COLOURS["o"]  # the bias: the output's colour
+    assert routes.colours[2][1] == MASKED_COLOUR  # finite: white
+    drawn = qkv.diagrams.texts_of(figure)
+    assert "none: no_grad" in drawn and "routes" in drawn  # the fast path has no gradient
+    assert any(text.startswith("need_weights=True?") for text in drawn)
+    assert any("mha(x, x, x): one tensor" in text for text in drawn)
+    assert len(patches_by_gid(figure, "routes:route:")) == 3
+
+
+def test_mask_routes_reads_other_outcomes_from_the_tensors():
+    bias = torch.ones(4)
+    partly = torch.tensor([[math.nan, 0.0, 0.0, 0.0], [0.0] * 4])
+    outputs, gradients = _routes(partly, torch.full((3,), math.inf))
+    assert cells(qkv.diagrams.mask_routes(outputs, gradients, bias), "routes").text[2] == [
+        "some NaN",
+        "inf",
+    ]
+    outputs["SDPA"] = torch.zeros(2, 4)  # zeros are not the bias: written as zeros
+    assert cells(qkv.diagrams.mask_routes(outputs, gradients, bias), "routes").text[2][0] == "zeros"
+    outputs["SDPA"] = torch.full((2, 4), 3.0)
+    assert cells(qkv.diagrams.mask_routes(outputs, gradients, bias), "routes").text[2][0] == "finite"
+
+
+def test_mask_routes_checks_its_inputs():
+    bias = torch.ones(4)
+    outputs, gradients = _routes(bias)
+    with pytest.raises(ValueError, match=r"routes \['fast path', 'explicit softmax', 'SDPA'\]"):
+        qkv.diagrams.mask_routes({"SDPA": bias}, gradients, bias)
+    with pytest.raises(ValueError, match="the fast path runs only when no gradient is needed"):
+        qkv.diagrams.mask_routes(outputs, {**gradients, "fast path": bias}, bias)
+    with pytest.raises(ValueError, match=r"gradients must have the routes \['explicit softmax', 'SDPA'\]"):
+        qkv.diagrams.mask_routes(outputs, {"SDPA": bias}, bias)
+    with pytest.raises(TypeError, match="mapping from route name to tensor"):
+        qkv.diagrams.mask_routes([bias] * 3, gradients, bias)
+    with pytest.raises(TypeError, match=r"outputs\['SDPA'\] must be a torch.Tensor"):
+        qkv.diagrams.mask_routes({**outputs, "SDPA": [1.0]}, gradients, bias)
+    with pytest.raises(ValueError, match=r"outputs\['SDPA'\] has 5 features, but bias has 4"):
+        qkv.diagrams.mask_routes({**outputs, "SDPA": torch.ones(5)}, gradients, bias)
+    with pytest.raises(ValueError, match=r"bias must have 1 dimensions"):
+        qkv.diagrams.mask_routes(outputs, gradients, torch.ones(1, 4))

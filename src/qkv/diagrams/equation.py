@@ -15,6 +15,8 @@
   to another.
 - :func:`empty_rows`: combined (T, S) masks side by side, each query row with no
   key left framed: where a padded batch's NaN comes from.
+- :func:`mask_routes`: what ``nn.MultiheadAttention`` returns for a query with no
+  key, and its gradient, on each of its three code paths, as a decision chart.
 
 See also
 --------
@@ -52,6 +54,7 @@ __all__ = [
     "empty_rows",
     "largest_weight_curves",
     "mask_conventions",
+    "mask_routes",
     "output_hull",
     "softmax_axes",
     "softmax_rows",
@@ -876,4 +879,190 @@ def empty_rows(
     figure.legend(handles=legend, loc="outside lower center", ncols=3, fontsize=FONT - 2, frameon=False)
     if title:
         figure.suptitle(title, fontsize=FONT)
+    return figure
+
+
+#: nn.MultiheadAttention's three routes, in the order the module tries them.
+ROUTES = ("fast path", "explicit softmax", "SDPA")
+
+
+def _route_tensors(argument: str, given: object, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``given`` as a dict of tensors with exactly the keys ``names``, or an error naming what differs."""
+    if not isinstance(given, Mapping):
+        raise TypeError(f"{argument} must be a mapping from route name to tensor, got {type(given).__name__}")
+    if set(given) != set(names):
+        if argument == "gradients" and "fast path" in given:
+            raise ValueError(
+                "gradients has a 'fast path' entry, but the fast path runs only when no gradient "
+                "is needed (torch.no_grad()): it has none"
+            )
+        raise ValueError(f"{argument} must have the routes {list(names)}, got {list(given)}")
+    return {
+        name: require_tensor(f"{argument}[{name!r}]", given[name], min_ndim=1).detach().cpu()
+        for name in names
+    }
+
+
+def _empty_row_outcome(output: torch.Tensor, bias: torch.Tensor) -> str:
+    """What an empty query row came out as: NaN, out_proj.bias, zeros, or finite."""
+    if output.isnan().all():
+        return "NaN"
+    if output.isnan().any():
+        return "some NaN"
+    if (output == bias).all():
+        return "out_proj.bias"
+    return "zeros" if (output == 0).all() else "finite"
+
+
+def mask_routes(
+    outputs: Mapping[str, torch.Tensor],
+    gradients: Mapping[str, torch.Tensor],
+    bias: torch.Tensor,
+    *,
+    title: str | None = None,
+) -> Figure:
+    """What ``nn.MultiheadAttention`` returns for a query with no key, route by route, as a chart.
+
+    Two questions, in the order the module asks them, pick its code path: are the
+    fast path's conditions met (eval mode, ``torch.no_grad()``, ``mha(x, x, x)`` with
+    one tensor, ``batch_first=True``, even heads, a boolean mask, …)? Then route 1,
+    one native function. Otherwise ``need_weights=True`` (the default) takes route 2,
+    the explicit softmax, and ``need_weights=False`` route 3,
+    ``F.scaled_dot_product_attention`` (SDPA). Each route's box writes what the
+    measured empty row is (NaN, ``out_proj.bias``, zeros or finite) and what the
+    gradient is after a loss that leaves that row out (NaN or finite; the fast path
+    has none). NaN is black, as in :func:`mask_conventions`; ``out_proj.bias`` takes
+    the output's colour.
+
+    Parameters
+    ----------
+    outputs : mapping of str to Tensor, shape (..., d_model)
+        For each route, ``"fast path"``, ``"explicit softmax"`` and ``"SDPA"``, the
+        module's output on the query rows with no key, as the page measured it.
+    gradients : mapping of str to Tensor
+        For ``"explicit softmax"`` and ``"SDPA"``, a parameter's gradient after a
+        loss that leaves the rows with no key out (``in_proj_weight.grad``, say).
+    bias : Tensor, shape (d_model,)
+        The module's ``out_proj.bias``: an empty row equal to it is written so.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, "routes")`` reads the outcomes back: one row per
+        route, in order, with the text of its output and of its gradient.
+
+    See Also
+    --------
+    mask_conventions : the mistake that leaves a row with no key.
+    :doc:`masks` : where NaN comes from, and each route's outcome.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> nan, bias = torch.full((4,), float("nan")), torch.ones(4)
+    >>> figure = qkv.diagrams.mask_routes(
+    ...     {"fast path": nan, "explicit softmax": nan, "SDPA": bias},
+    ...     {"explicit softmax": nan, "SDPA": torch.zeros(3)},
+    ...     bias,
+    ... )
+    >>> qkv.diagrams.cells(figure, "routes").text
+    [['NaN', 'none'], ['NaN', 'NaN'], ['out_proj.bias', 'finite']]
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyBboxPatch
+
+    out_proj_bias = require_tensor("bias", bias, ndim=1, layout="(d_model,)").detach().cpu()
+    rows = _route_tensors("outputs", outputs, ROUTES)
+    grads = _route_tensors("gradients", gradients, ROUTES[1:])
+    for name, output in rows.items():
+        if output.shape[-1] != out_proj_bias.shape[0]:
+            raise ValueError(
+                f"outputs[{name!r}] has {output.shape[-1]} features, but bias has "
+                f"{out_proj_bias.shape[0]}: both are (..., d_model)"
+            )
+    text = [[_empty_row_outcome(rows[name], out_proj_bias), "none"] for name in ROUTES]
+    for row, name in zip(text[1:], ROUTES[1:], strict=True):
+        row[1] = "NaN" if grads[name].isnan().any() else "finite" if grads[name].isfinite().all() else "inf"
+
+    def fill(outcome: str) -> str:
+        if "NaN" in outcome:
+            return NAN_COLOUR
+        return ROLE_COLOURS["o"] if outcome == "out_proj.bias" else MASKED_COLOUR
+
+    width, top = 4.7, 0.45 if title else 0.1  # inches; y grows downwards
+    height = top + 4.55
+    figure = Figure(figsize=(width, height), dpi=100)
+    ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.axis("off")
+    small = FONT - 2
+
+    def box(x: float, y: float, w: float, h: float, face: str, gid: str) -> None:
+        ax.add_patch(
+            FancyBboxPatch(
+                (x, y), w, h, boxstyle="round,pad=0,rounding_size=0.08", facecolor=face,
+                edgecolor=EDGE_COLOUR, linewidth=0.9, gid=gid,
+            )
+        )  # fmt: skip
+
+    def arrow(x0: float, y0: float, x1: float, y1: float, label: str) -> None:
+        """An arrow from (x0, y0) to (x1, y1), across or down, labelled at its start."""
+        ax.annotate(
+            "", xy=(x1, y1), xytext=(x0, y0),
+            arrowprops={"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 0,
+                        "shrinkB": 0},
+        )  # fmt: skip
+        across = y0 == y1
+        at = ((x0 + x1) / 2, y0 - 0.03) if across else (x0 + 0.06, (y0 + y1) / 2)
+        ax.text(*at, label, ha="center" if across else "left", va="bottom" if across else "center",
+                fontsize=small, color=TEXT_COLOUR)  # fmt: skip
+
+    left, column, right, route_w = 0.08, 2.0, 2.5, 2.12  # the questions' column, the routes'
+    q_heights = (1.55, 0.75)
+    q_tops = (top, top + 2.0)
+    questions = (
+        "Fast path conditions met?\neval(), torch.no_grad(),\nmha(x, x, x): one tensor\n"
+        "(not equal copies),\nbatch_first=True,\neven heads, a bool mask, …\n"
+        "whatever need_weights is",
+        "need_weights=True?\n(the default)",
+    )
+    for i, (y, h, question) in enumerate(zip(q_tops, q_heights, questions, strict=True)):
+        box(left, y, column, h, "#F2F2F2", f"routes:question:{i}")
+        ax.text(left + 0.1, y + h / 2, question, ha="left", va="center", fontsize=small,
+                color=TEXT_COLOUR, linespacing=1.3)  # fmt: skip
+    route_h = 1.05
+    tops = [q_tops[0] + (q_heights[0] - route_h) / 2, q_tops[1] + (q_heights[1] - route_h) / 2,
+            top + 3.3]  # fmt: skip
+    headings = ["1  fast path:\n   one native function", "2  explicit softmax\n   (returns weights)",
+                "3  SDPA (zeros on CPU),\n   then out_proj"]  # fmt: skip
+    for i, (y, heading) in enumerate(zip(tops, headings, strict=True)):
+        box(right, y, route_w, route_h, "#FFFFFF", f"routes:route:{i}")
+        ax.text(right + 0.08, y + 0.06, heading, ha="left", va="top", fontsize=small,
+                color=TEXT_COLOUR, fontweight="bold", linespacing=1.15)  # fmt: skip
+        for j, (what, outcome) in enumerate(zip(("output", "gradient"), text[i], strict=True)):
+            cy = y + route_h - 0.42 + 0.22 * j
+            ax.text(right + 0.08, cy, what, ha="left", va="center", fontsize=small, color=TEXT_COLOUR)
+            face = fill(outcome)
+            box(right + 0.8, cy - 0.09, route_w - 0.88, 0.18, face, f"routes:{i}:{what}")
+            ink = "#FFFFFF" if face == NAN_COLOUR else TEXT_COLOUR
+            shown = "none: no_grad" if outcome == "none" else outcome
+            ax.text(right + 0.8 + (route_w - 0.88) / 2, cy, shown, ha="center", va="center",
+                    fontsize=small, color=ink)  # fmt: skip
+    for y, h in zip(q_tops, q_heights, strict=True):  # yes: across to the route beside it
+        arrow(left + column, y + h / 2, right, y + h / 2, "yes")
+    down = left + column / 2  # no: down the questions' column
+    arrow(down, q_tops[0] + q_heights[0], down, q_tops[1], "no")
+    route_3 = tops[2] + route_h / 2
+    ax.plot([down, down], [q_tops[1] + q_heights[1], route_3], color=EDGE_COLOUR, linewidth=1.0)
+    ax.text(down + 0.06, (q_tops[1] + q_heights[1] + route_3) / 2, "no", ha="left", va="center",
+            fontsize=small, color=TEXT_COLOUR)  # fmt: skip
+    arrow(down, route_3, right, route_3, "")
+    colours = [[fill(outcome) for outcome in row] for row in text]
+    register_cells(figure, "routes", Cells(colours, [[False, False]] * 3, text, (right, tops[0])))
+    if title:
+        figure.text(0.5, 1 - 0.08 / height, title, ha="center", va="top", fontsize=FONT, color=TEXT_COLOUR)
     return figure
