@@ -156,6 +156,7 @@ def _small_cache_layer():
         lambda: qkv.diagrams.decoding_step(*_small_cache_layer()),
         lambda: qkv.diagrams.kv_sharing([qkv.MultiHeadAttention(4, 2, num_kv_heads=1)]),
         lambda: qkv.diagrams.cache_growth(1),
+        lambda: qkv.diagrams.bytes_per_step([1], [2.0], [0.1], texts=[1000]),
         lambda: qkv.diagrams.one_loss(torch.randn(2, 4), qkv.MultiHeadAttention(4, 1)),
     ],
     ids=[
@@ -170,6 +171,7 @@ def _small_cache_layer():
         "decoding-step",
         "kv-sharing",
         "cache-growth",
+        "bytes-per-step",
         "one-loss",
     ],
 )

@@ -401,3 +401,52 @@ def test_kv_sharing_errors_name_the_argument():
         kv_sharing([])
     with pytest.raises(TypeError, match=r"layer must be a qkv\.HeadWeights"):
         kv_sharing([torch.nn.Linear(2, 2)])
+
+
+# --- bytes_per_step ----------------------------------------------------------------------------
+
+
+def test_bytes_per_step_stacks_weights_and_each_texts_cache():
+    from qkv.diagrams.inference import bytes_per_step
+
+    weights, cache = [15.48, 13.98, 13.5], [4.0, 1.0, 0.125]  # GiB: 32, 8 and 1 K/V heads
+    figure = bytes_per_step((32, 8, 1), weights, cache, texts=(1, 4, 32), title="fewer heads")
+    assert [ax.get_title() for ax in figure.axes] == ["1 text", "4 texts", "32 texts"]
+    for ax, texts in zip(figure.axes, (1, 4, 32), strict=True):
+        for n, w, c in zip((32, 8, 1), weights, cache, strict=True):
+            (low,) = patches_by_gid(figure, f"weights:{texts}:{n}")
+            (high,) = patches_by_gid(figure, f"cache:{texts}:{n}")
+            assert low.get_y() == 0 and low.get_height() == pytest.approx(w)
+            assert high.get_y() == pytest.approx(w)  # the cache sits on the weights
+            assert high.get_height() == pytest.approx(texts * c)
+            total = [t for t in ax.texts if t.get_gid() == f"total:{texts}:{n}"]
+            assert [t.get_text() for t in total] == [f"{round(w + texts * c, 1):.1f}"]
+        labels = [t.get_text() for t in ax.texts]
+        assert f"{32 * 4.0 if texts == 32 else texts * 4.0:.1f}" in labels  # each part's value
+        assert ax.get_xlabel() == "K/V heads"
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["32", "8", "1"]
+        assert ax.get_ylim()[1] > max(w + texts * c for w, c in zip(weights, cache, strict=True))
+    assert figure.axes[0].get_ylabel() == "GiB read per step"
+    assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["weights", "K/V cache"]
+    assert figure._suptitle.get_text() == "fewer heads"
+    assert figure.get_size_inches()[0] <= 7.0 + 1e-9
+    assert "0.1" in texts_of(bytes_per_step([1], [2.0], [0.1]))  # a thin part: labelled beside
+
+
+def test_bytes_per_step_names_what_is_wrong():
+    from qkv.diagrams.inference import bytes_per_step
+
+    with pytest.raises(ValueError, match=r"weights has 1 values, but kv_heads has 2"):
+        bytes_per_step((32, 8), [15.5], [4.0, 1.0])
+    with pytest.raises(ValueError, match=r"cache has 3 values, but kv_heads has 2"):
+        bytes_per_step((32, 8), [15.5, 14.0], [4.0, 1.0, 0.5])
+    with pytest.raises(ValueError, match=r"cache\[1\] must be a finite number of GiB, at least 0, got -1"):
+        bytes_per_step((32, 8), [15.5, 14.0], [4.0, -1.0])
+    with pytest.raises(TypeError, match=r"weights\[0\] must be a number \(GiB\), got str"):
+        bytes_per_step((32,), ["15"], [4.0])
+    with pytest.raises(ValueError, match="kv_heads must be a non-empty sequence"):
+        bytes_per_step((), [], [])
+    with pytest.raises(ValueError, match=r"texts\[1\] must be positive, got 0"):
+        bytes_per_step((32,), [1.0], [1.0], texts=(1, 0))
+    with pytest.raises(TypeError, match="title must be a str, got int"):
+        bytes_per_step((32,), [1.0], [1.0], title=3)

@@ -32,7 +32,14 @@ from qkv.diagrams.equation import (
 )
 from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
-from qkv.diagrams.inference import attention_map, cache_growth, cross_attention, decoding_step, kv_sharing
+from qkv.diagrams.inference import (
+    attention_map,
+    bytes_per_step,
+    cache_growth,
+    cross_attention,
+    decoding_step,
+    kv_sharing,
+)
 from qkv.diagrams.roles import data_flow, tied_preference
 from qkv.diagrams.rotary import pairings, position_flow, position_gaps, position_scores, rotation, value_shift
 from qkv.diagrams.training import one_loss, step_changes, training_curves
@@ -44,6 +51,7 @@ __all__ = [
     "Cells",
     "attention_map",
     "backward_paths",
+    "bytes_per_step",
     "cache_growth",
     "causal_leak",
     "cells",

@@ -40,6 +40,7 @@ from qkv.diagrams._draw import (
     as_matrix,
     head_colour,
     head_weights,
+    ink_on,
     math,
     register_cells,
     require_matplotlib,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["attention_map", "cross_attention", "decoding_step", "kv_sharing"]
+__all__ = ["attention_map", "bytes_per_step", "cross_attention", "decoding_step", "kv_sharing"]
 
 # --- Geometry shared by the two block diagrams ---------------------------------------------------
 #
@@ -1143,3 +1144,126 @@ def cache_growth(cached: int) -> Figure:
     )
     canvas.text(margin, top + rows + scale.below + scale.line, legend, ha="left", va="top", size=0.85)
     return canvas.fit()
+
+
+# --- Bytes read per decoding step --------------------------------------------------------------
+
+
+def _gib_values(name: str, values: object) -> list[float]:
+    """``values`` as a list of finite, non-negative floats (GiB), or a clear error naming ``name``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of numbers (GiB), got {type(values).__name__}")
+    numbers = []
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name}[{i}] must be a number (GiB), got {type(value).__name__}")
+        number = float(value)
+        if not np.isfinite(number) or number < 0:
+            raise ValueError(f"{name}[{i}] must be a finite number of GiB, at least 0, got {number:g}")
+        numbers.append(number)
+    return numbers
+
+
+def bytes_per_step(
+    kv_heads: Sequence[int],
+    weights: Sequence[float],
+    cache: Sequence[float],
+    *,
+    texts: Sequence[int] = (1, 32),
+    title: str | None = None,
+) -> Figure:
+    """GiB one decoding step reads, weights and K/V cache stacked, for each K/V head count.
+
+    One panel per batch size (``texts``), each on its own scale; in each, one bar per
+    K/V head count: the weights at the bottom (grey, read once per step whatever the
+    batch), the cache of every text on top (K's colour: ``texts × cache``). Each bar
+    is labelled with its total, rounded to 0.1 GiB as ``round(weights + texts × cache, 1)``,
+    and each part with its own value (inside the part, or beside it when too thin).
+
+    Parameters
+    ----------
+    kv_heads : sequence of int
+        The K/V head counts compared, left to right in each panel (e.g. ``(32, 8)``).
+    weights : sequence of float
+        For each K/V head count, the GiB of weights one step reads.
+    cache : sequence of float
+        For each K/V head count, the GiB of one text's K/V cache.
+    texts : sequence of int
+        The batch sizes, one panel each (texts decoded together, each with its own cache).
+    title : str, optional
+        A title over the figure: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes per batch size; each bar's parts have gids
+        ``"weights:{texts}:{kv_heads}"`` and ``"cache:{texts}:{kv_heads}"``.
+
+    See Also
+    --------
+    kv_sharing : which K/V head each query head reads.
+    :doc:`inference` : what fewer K/V heads save.
+
+    Examples
+    --------
+    >>> from qkv.diagrams import patches_by_gid
+    >>> from qkv.diagrams.inference import bytes_per_step
+    >>> figure = bytes_per_step((32, 8), [15.5, 15.0], [4.0, 1.0], texts=(1, 32))
+    >>> [float(p.get_height()) for p in patches_by_gid(figure, "cache:32:")]
+    [128.0, 32.0]
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    if isinstance(kv_heads, (str, bytes)) or not isinstance(kv_heads, Sequence) or not kv_heads:
+        raise ValueError(f"kv_heads must be a non-empty sequence of ints, got {kv_heads!r}")
+    heads = [require_positive_int(f"kv_heads[{i}]", n) for i, n in enumerate(kv_heads)]
+    weight_gib, cache_gib = _gib_values("weights", weights), _gib_values("cache", cache)
+    for name, values in (("weights", weight_gib), ("cache", cache_gib)):
+        if len(values) != len(heads):
+            raise ValueError(
+                f"{name} has {len(values)} values, but kv_heads has {len(heads)}: "
+                "one value per K/V head count"
+            )
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence) or not texts:
+        raise ValueError(f"texts must be a non-empty sequence of ints, got {texts!r}")
+    batches = [require_positive_int(f"texts[{i}]", n) for i, n in enumerate(texts)]
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__}")
+
+    colours = {"weights": ROLE_COLOURS["x"], "cache": ROLE_COLOURS["k"]}
+    names = {"weights": "weights", "cache": "K/V cache"}  # the key's labels
+    figure = Figure(figsize=(min(_MAX_WIDTH, 0.6 + 1.2 * len(heads) * len(batches) + 0.9 * len(batches)),
+                             3.8), dpi=100, layout="constrained")  # fmt: skip
+    axes = figure.subplots(1, len(batches), squeeze=False)[0]
+    for ax, batch in zip(axes, batches, strict=True):
+        totals = [w + batch * c for w, c in zip(weight_gib, cache_gib, strict=True)]
+        top = max(totals) * 1.3 or 1.0  # room for the totals' labels and the key
+        for i, (n, w, c) in enumerate(zip(heads, weight_gib, cache_gib, strict=True)):
+            bottom = 0.0
+            for part, height in (("weights", w), ("cache", batch * c)):
+                ax.bar(i, height, 0.6, bottom=bottom, color=colours[part], edgecolor=EDGE_COLOUR,
+                       linewidth=0.6, gid=f"{part}:{batch}:{n}",
+                       label=names[part] if i == 0 else None)  # fmt: skip
+                if height >= 0.1 * top:  # room inside the part
+                    ax.text(i, bottom + height / 2, f"{height:.1f}", ha="center", va="center",
+                            fontsize=FONT, color=ink_on(colours[part], 1.0))  # fmt: skip
+                elif height > 0:  # too thin: beside it
+                    ax.text(i + 0.33, bottom + height / 2, f"{height:.1f}", ha="left", va="center",
+                            fontsize=FONT - 1, color=TEXT_COLOUR)  # fmt: skip
+                bottom += height
+            ax.text(i, bottom + 0.02 * top, f"{round(bottom, 1):.1f}", ha="center", va="bottom",
+                    fontsize=FONT + 1, color=TEXT_COLOUR, weight="bold",
+                    gid=f"total:{batch}:{n}")  # fmt: skip
+        ax.set_ylim(0, top)
+        ax.set_xlim(-0.55, len(heads) - 0.3)
+        ax.set_xticks(range(len(heads)), [str(n) for n in heads], fontsize=FONT)
+        ax.set_xlabel("K/V heads", fontsize=FONT)
+        ax.set_title(f"{batch} text{'s' if batch != 1 else ''}", fontsize=FONT + 1)
+        ax.tick_params(axis="y", labelsize=FONT - 1)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[0].set_ylabel("GiB read per step", fontsize=FONT)
+    axes[0].legend(loc="upper right", fontsize=FONT - 1, frameon=False)  # one key, first panel
+    if title is not None:
+        figure.suptitle(title, fontsize=FONT + 2)
+    return figure
