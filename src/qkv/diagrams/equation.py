@@ -925,7 +925,7 @@ def mask_routes(
 
     Two questions, in the order the module asks them, pick its code path: are the
     fast path's conditions met (eval mode, ``torch.no_grad()``, ``mha(x, x, x)`` with
-    one tensor, ``batch_first=True``, even heads, a boolean mask, …)? Then route 1,
+    one tensor, ``batch_first=True``, even heads, no float mask, …)? Then route 1,
     one native function. Otherwise ``need_weights=True`` (the default) takes route 2,
     the explicit softmax, and ``need_weights=False`` route 3,
     ``F.scaled_dot_product_attention`` (SDPA). Each route's box writes what the
@@ -1026,7 +1026,7 @@ def mask_routes(
     q_tops = (top, top + 2.0)
     questions = (
         "Fast path conditions met?\neval(), torch.no_grad(),\nmha(x, x, x): one tensor\n"
-        "(not equal copies),\nbatch_first=True,\neven heads, a bool mask, …\n"
+        "(not equal copies),\nbatch_first=True,\neven heads, no float mask, …\n"
         "whatever need_weights is",
         "need_weights=True?\n(the default)",
     )
