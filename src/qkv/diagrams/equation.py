@@ -891,11 +891,6 @@ def _route_tensors(argument: str, given: object, names: Sequence[str]) -> dict[s
     if not isinstance(given, Mapping):
         raise TypeError(f"{argument} must be a mapping from route name to tensor, got {type(given).__name__}")
     if set(given) != set(names):
-        if argument == "gradients" and "fast path" in given:
-            raise ValueError(
-                "gradients has a 'fast path' entry, but the fast path runs only when no gradient "
-                "is needed (torch.no_grad()): it has none"
-            )
         raise ValueError(f"{argument} must have the routes {list(names)}, got {list(given)}")
     return {
         name: require_tensor(f"{argument}[{name!r}]", given[name], min_ndim=1).detach().cpu()
@@ -976,6 +971,11 @@ def mask_routes(
 
     out_proj_bias = require_tensor("bias", bias, ndim=1, layout="(d_model,)").detach().cpu()
     rows = _route_tensors("outputs", outputs, ROUTES)
+    if isinstance(gradients, Mapping) and "fast path" in gradients:
+        raise ValueError(
+            "gradients has a 'fast path' entry, but the fast path runs only when no gradient "
+            "is needed (torch.no_grad()): it has none"
+        )
     grads = _route_tensors("gradients", gradients, ROUTES[1:])
     for name, output in rows.items():
         if output.shape[-1] != out_proj_bias.shape[0]:

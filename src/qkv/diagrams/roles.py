@@ -179,7 +179,7 @@ def data_flow(
                            facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=gid)
         )  # fmt: skip
         middle = (top + bottom) / 2
-        title = (label, FONT * 0.9) if label == "heads' outputs" else (math(label), FONT * 1.25)  # joined
+        title = (label, FONT * 0.9) if gid == "output" else (math(label), FONT * 1.25)  # joined
         lines: list[tuple[str, float, str | None]] = [(*title, None), (shape, FONT * 0.85, None)]
         if gid in names:  # a library's name, smaller where it would overflow the box
             name = names[gid]
