@@ -6,7 +6,9 @@ this adds the image outputs that are not byte-for-byte reproducible across
 platforms and library versions: SVG figures, and images stored by myst-nb's
 ``glue`` (which records them under ``application/papermill.record/<mime type>``).
 Text outputs, glued text included (``application/papermill.record/text/plain``),
-are still compared, after the substitutions in ``nbval_sanitize.cfg``.
+are still compared, after the substitutions in ``nbval_sanitize.cfg``. PNG figures
+that a cell displays are compared loosely (below: their number, their size and a
+32 × 32 grey thumbnail); PNGs stored by ``glue`` are not compared at all.
 """
 
 from __future__ import annotations
