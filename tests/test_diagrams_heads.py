@@ -235,3 +235,35 @@ def test_cut_draws_one_row_and_the_heads_stacked_as_the_products_they_are():
     assert any("Method 2: the cut" in t and ".transpose(1, 2)" in t for t in texts)
     with pytest.raises(TypeError, match="cut"):
         heads_from_one_matrix(x, MHA, cut="yes")  # type: ignore[arg-type]
+
+
+def test_wide_head_draws_each_heads_softmax_and_the_summed_scores_softmax():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 6, 5)  # T = 4 queries, S = 6 keys
+    figure = qkv.diagrams.wide_head(q, k, sequence=1)
+    maps = [torch.as_tensor(ax.images[0].get_array().data) for ax in figure.axes[:4]]
+    scores = q[1].double() @ k[1].double().mT  # (h, T, S)
+    for i in range(3):
+        torch.testing.assert_close(maps[i], (scores[i] / 5**0.5).softmax(-1))
+    torch.testing.assert_close(maps[3], (scores.sum(0) / 15**0.5).softmax(-1))
+    titles = [ax.get_title() for ax in figure.axes[:4]]
+    assert titles == ["head 1", "head 2", "head 3", "no cut: one wide head"]
+    assert all(m.shape == (4, 6) for m in maps)
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "message"),
+    [
+        (torch.randn(3, 4, 5), torch.randn(3, 4, 5), r"\(B, h, T, d_k\)"),
+        (torch.randn(1, 3, 4, 5), torch.randn(1, 2, 4, 5), "share q's batch, heads and d_k"),
+        (torch.randn(1, 1, 4, 5), torch.randn(1, 1, 4, 5), "h >= 2"),
+    ],
+)
+def test_wide_head_refuses_shapes_it_cannot_draw(q, k, message):
+    with pytest.raises(ValueError, match=message):
+        qkv.diagrams.wide_head(q, k)
+
+
+def test_wide_head_names_a_sequence_out_of_range():
+    with pytest.raises(ValueError, match="sequence must be an int from 0 to 1"):
+        qkv.diagrams.wide_head(torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5), sequence=2)

@@ -31,7 +31,7 @@ from qkv.diagrams.equation import (
     softmax_rows,
 )
 from qkv.diagrams.flow import projection
-from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape
+from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape, wide_head
 from qkv.diagrams.inference import (
     attention_map,
     bytes_per_step,
@@ -86,4 +86,5 @@ __all__ = [
     "tied_preference",
     "training_curves",
     "value_shift",
+    "wide_head",
 ]

@@ -27,7 +27,7 @@ from qkv.diagrams._draw import (
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["heads_from_one_matrix", "multi_head", "packed_layouts", "reshape"]
+__all__ = ["heads_from_one_matrix", "multi_head", "packed_layouts", "reshape", "wide_head"]
 
 # Inches that do not shrink with the cells: between blocks, for a label above a block and a
 # shape below it, for the title, and for a line of text.
@@ -572,3 +572,83 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
             canvas.text(x + width + canvas.inch(0.1), top + r + 0.5, row_name, ha="left", size=0.9)
         top += rows + canvas.inch(gap + heading)
     return canvas.fit()
+
+
+def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
+    """Why the cut comes before the scores: one softmax per head, against one of the scores summed.
+
+    With the cut (Method 2's ``view`` and ``transpose``), head i takes its own
+    softmax of Q_i K_iᵀ / √d_k. Without it, Method 1's product is one head
+    h·d_k wide: its scores Q Kᵀ are the heads' scores summed, Σ_i Q_i K_iᵀ, and
+    one softmax of them, scaled by 1/√(h·d_k), is all the layer gets. The figure
+    draws the h heads' attention maps and, last, the wide head's, one row per
+    query and one column per key, on one colour scale.
+
+    Parameters
+    ----------
+    q, k : Tensor, shape (B, h, T, d_k) and (B, h, S, d_k)
+        The queries and keys after the cut, heads before positions (h ≥ 2).
+    sequence : int
+        Which sequence of the batch to draw.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes per map (h + 1, heads first), then the colour bar; each map's
+        values are its axes' image array (``figure.axes[i].images[0].get_array()``).
+
+    See Also
+    --------
+    :doc:`heads` : the cut, and what skipping it gives.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> q, k = torch.randn(2, 3, 7, 5), torch.randn(2, 3, 7, 5)
+    >>> figure = qkv.diagrams.wide_head(q, k)
+    >>> [ax.get_title() for ax in figure.axes[:4]]
+    ['head 1', 'head 2', 'head 3', 'no cut: one wide head']
+    """
+    from matplotlib.figure import Figure
+
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+        raise TypeError(f"q and k must be tensors, got {type(q).__name__} and {type(k).__name__}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(
+            f"q and k must be (B, h, T, d_k) and (B, h, S, d_k), heads before positions; got shapes "
+            f"{shape_str(q.shape)} and {shape_str(k.shape)}"
+        )
+    B, h, T, d_k = q.shape
+    if k.shape[:2] != (B, h) or k.shape[3] != d_k:
+        raise ValueError(
+            f"k {shape_str(k.shape)} must share q's batch, heads and d_k: q is {shape_str(q.shape)}"
+        )
+    if h < 2:
+        raise ValueError(f"q has {h} head: with one head the cut changes nothing; pass h >= 2")
+    if isinstance(sequence, bool) or not isinstance(sequence, int) or not 0 <= sequence < B:
+        raise ValueError(f"sequence must be an int from 0 to {B - 1}, got {sequence!r}")
+    q_s, k_s = q[sequence].detach().double(), k[sequence].detach().double()
+    scores = q_s @ k_s.mT  # (h, T, S)
+    wide = (scores.sum(0) / (h * d_k) ** 0.5).softmax(-1)  # one softmax of the summed scores
+    maps = [*(scores / d_k**0.5).softmax(-1), wide]  # each head's, then the wide head's
+    titles = [*(f"head {i + 1}" for i in range(h)), "no cut: one wide head"]
+    S = k.shape[2]
+    side = min(2.2, 0.32 * max(T, S))  # inches per map
+    figure = Figure(figsize=((h + 1) * (side + 0.35) + 1.0, side + 1.3), layout="constrained")
+    axes = figure.subplots(1, h + 1, sharey=True)
+    top = max(float(m.max()) for m in maps)
+    for i, (ax, weights, title) in enumerate(zip(axes, maps, titles, strict=True)):
+        image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
+        colour = head_colour(i) if i < h else EDGE_COLOUR
+        ax.set_title(title, fontsize=10, color=colour, fontweight="bold")
+        ax.set_xlabel("key position")
+        ax.set_xticks(range(S))
+        ax.set_yticks(range(T))
+        ax.tick_params(labelsize=8)
+    axes[0].set_ylabel("query position")
+    figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.9)
+    figure.suptitle(
+        "With the cut, one softmax per head; without it, one softmax of the heads' scores summed",
+        fontsize=11,
+    )
+    return figure
