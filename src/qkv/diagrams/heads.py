@@ -16,6 +16,7 @@ from qkv._validation import require_bool, require_positive_int, require_size, sh
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
     ROLE_COLOURS,
+    TEXT_COLOUR,
     Canvas,
     as_matrix,
     batch_first_of,
@@ -640,7 +641,9 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
     for i, (ax, weights, title) in enumerate(zip(axes, maps, titles, strict=True)):
         image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
         colour = head_colour(i) if i < h else EDGE_COLOUR
-        ax.set_title(title, fontsize=10, color=colour, fontweight="bold")
+        ax.set_title(title, fontsize=10, color=TEXT_COLOUR, fontweight="bold")
+        for spine in ax.spines.values():  # the head's colour as a frame: light colours stay legible
+            spine.set(edgecolor=colour, linewidth=2.5)
         ax.set_xlabel("key position")
         ax.set_xticks(range(S))
         ax.set_yticks(range(T))
