@@ -576,7 +576,7 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
 
 
 def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
-    """Why the cut comes before the scores: one softmax per head, against one of the scores summed.
+    """Why the cut comes before the scores: each head's own softmax, against one of the scores summed.
 
     With the cut (Method 2's ``view`` and ``transpose``), head i takes its own
     softmax of Q_i K_iᵀ / √d_k. Without it, Method 1's product is one head
@@ -643,7 +643,7 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
         colour = head_colour(i) if i < h else EDGE_COLOUR
         ax.set_title(title, fontsize=10, color=TEXT_COLOUR, fontweight="bold")
         for spine in ax.spines.values():  # the head's colour as a frame: light colours stay legible
-            spine.set(edgecolor=colour, linewidth=2.5)
+            spine.set(visible=True, edgecolor=colour, linewidth=2.5)
         ax.set_xlabel("key position")
         ax.set_xticks(range(S))
         ax.set_yticks(range(T))
@@ -651,7 +651,8 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
     axes[0].set_ylabel("query position")
     figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.9)
     figure.suptitle(
-        "With the cut, one softmax per head; without it, one softmax of the heads' scores summed",
+        "With the cut, each head has its own softmax over the keys; without it, one softmax runs over "
+        "the heads' scores summed",
         fontsize=11,
     )
     return figure
