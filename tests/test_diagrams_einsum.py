@@ -46,6 +46,7 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
     assert "M: enc_output's positions" in legend and "O: head size (key_dim)" in legend
     assert "W^O" not in legend  # W^O's O means output, not the head size O
     assert "strong colours: this layer's learned weights" in legend and "grey, pale: data" in legend
+    assert "biases not drawn" in legend and "no biases" not in legend  # not "the layer has none"
     strong = {name: cells(figure, name).colours[0][0] for name in ("W^Q", "W^K", "W^V", "W^O")}
     assert strong == {"W^Q": ROLE_COLOURS["q"], "W^K": ROLE_COLOURS["k"], "W^V": ROLE_COLOURS["v"],
                       "W^O": ROLE_COLOURS["o"]}  # fmt: skip

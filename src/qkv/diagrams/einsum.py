@@ -71,7 +71,7 @@ def cross_attention_shapes(
     ``query=out1``, ``key=enc_output`` and ``value=enc_output``: the input named ``key``
     is not K, but what W^K multiplies into K. A line under the title says what each
     letter counts; O is the head size throughout (Addons' output string reuses I and O
-    otherwise). One sequence, no batch axis; the biases are left out. The sizes are read
+    otherwise). One sequence, no batch axis; the biases (if any) are not drawn. The sizes are read
     from the objects passed; a block's caption gives its letters and its sizes, e.g. ``N
     × H × O = (4, 2, 5)``.
 
@@ -172,7 +172,7 @@ def cross_attention_shapes(
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
               f"and {memory_name}\nstrong colours: this layer's learned weights (each layer "
-              f"has its own)   grey, pale: data   one sequence, no biases")  # fmt: skip
+              f"has its own)   grey, pale: data   one sequence, biases not drawn")  # fmt: skip
     canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
 
     def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...]) -> None:
@@ -274,7 +274,7 @@ def memory_fan_out(
     learned weights, in strong colours), and each product, K or V (``M × H × O``,
     data, pale), sits to its right, labelled with the layer's number:
     ``K^(0) = memory · W^K(0)``. Blocks are to scale, with white lines between heads;
-    one sequence, no biases. The sizes are read from the objects passed.
+    one sequence, biases not drawn. The sizes are read from the objects passed.
 
     Parameters
     ----------
