@@ -70,6 +70,9 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     assert [text.get_text() for text in legend.get_texts()] == ["a key it may use", "blocked", "NaN"]
     assert "query 0's weights" in figure.axes[3].get_title()
     assert figure.axes[3].get_title().startswith("Mistake")
+    assert "Hugging Face's mask as .bool()" in figure.axes[3].get_title()  # what is passed
+    assert "as key_padding_mask" in figure.axes[3].get_title()  # and as which argument
+    assert "key_padding_mask: True = blocked" in figure.axes[1].get_title()
     assert "SDPA's rule as 0/1; pass .bool()" in figure.axes[2].get_title()  # not a float
     assert "(SDPA)" in figure.axes[0].get_title()  # the abbreviation, defined where drawn
     assert "mask[:, None, None, :]" in figure.axes[0].get_title()  # the shape SDPA takes

@@ -501,9 +501,10 @@ def mask_conventions(
     (``True`` = blocked), and Hugging Face's ``attention_mask`` (1 = a real token:
     SDPA's convention written as 1 and 0). A cell the mask blocks is white and
     hatched; a cell a query may use is coloured as a key. With ``weights``, a fourth
-    panel draws one query's weights after the first panel's mask was handed, as it
-    is, to ``nn.MultiheadAttention``: the blocks fall on the real tokens, and a
-    sequence with no padding has no key left, which the panel writes as NaN. A legend
+    panel draws one query's weights after Hugging Face's mask, as ``.bool()`` (True =
+    a real token), was handed as it is to ``nn.MultiheadAttention`` as its
+    ``key_padding_mask``: the blocks fall on the real tokens, and a sequence with no
+    padding has no key left, which the panel writes as NaN. A legend
     under the panels names the three fills: a key a query may use, blocked, NaN.
 
     Parameters
@@ -512,8 +513,8 @@ def mask_conventions(
         qkv's convention: True where a key is a real token (``qkv.padding_mask(lengths,
         S)[:, 0, 0]``).
     weights : Tensor, shape (B, S), optional
-        One query's weights per sequence under the inverted mask, as the page computed
-        them (NaN where the softmax had no key left).
+        One query's weights per sequence with ``may_attend`` passed as it is as the
+        module's ``key_padding_mask``, as the page computed them (NaN where the softmax had no key left).
     title : str, optional
         The figure's title: say what to look at.
 
@@ -552,7 +553,7 @@ def mask_conventions(
         ),
         (
             "torch",
-            "nn.MultiheadAttention:\nTrue = blocked",
+            "nn.MultiheadAttention's\nkey_padding_mask: True = blocked",
             [["F" if a else "T" for a in row] for row in allowed.tolist()],
             allowed,
         ),
@@ -573,8 +574,9 @@ def mask_conventions(
         panels.append(
             (
                 "inverted",
-                "Mistake: the SDPA mask (True = may attend)\n"
-                "handed to nn.MultiheadAttention (query 0's weights)",
+                "Mistake: Hugging Face's mask as .bool()\n"
+                "(True = real token) as key_padding_mask\n"
+                "(query 0's weights)",
                 text,
                 ~allowed,
             )
