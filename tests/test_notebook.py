@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 import warnings
 
@@ -21,6 +22,15 @@ def test_setup_makes_every_generator_repeat(capsys):
     assert first == second
     assert capsys.readouterr() == ("", "")  # prints nothing
     assert torch.are_deterministic_algorithms_enabled()
+    assert torch.is_deterministic_algorithms_warn_only_enabled()  # warns, never fails
+
+
+def test_setup_does_not_import_inductor_to_ask_for_determinism():
+    # torch.use_deterministic_algorithms imports torch._inductor.config (about 2 s in
+    # every notebook); setup sets the same eager flag without it, in a fresh interpreter.
+    code = "import sys, qkv; qkv.setup(); print('torch._inductor.config' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 def test_setup_applies_the_plot_style():

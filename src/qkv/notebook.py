@@ -73,7 +73,9 @@ def seed_everything(seed: int = 0) -> None:
 def setup(seed: int = 0) -> None:
     """Make a notebook reproducible; call once at the top of a chapter.
 
-    Seeds Python, NumPy and torch; asks torch for deterministic algorithms;
+    Seeds Python, NumPy and torch; asks eager torch for deterministic algorithms
+    (warning, not failing, where an operation has none; ``torch.compile``'s inductor
+    keeps its own flag unless it was imported first);
     makes Keras use its torch backend (unless ``KERAS_BACKEND`` is already set);
     keeps log noise out of the cells' output where TensorFlow is installed beside
     Keras (its C++ start-up lines, unless ``TF_CPP_MIN_LOG_LEVEL`` is set) or a
@@ -109,7 +111,7 @@ def setup(seed: int = 0) -> None:
         with contextlib.redirect_stderr(io.StringIO()):
             importlib.import_module("torch.utils.cpp_extension")
     seed_everything(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    _use_deterministic_algorithms()
     # transformers imports tqdm's notebook bar, which warns when ipywidgets is absent.
     warnings.filterwarnings("ignore", message="IProgress not found")
     # Keras 3.0 warns that its EinsumDense projections drop the mask of an input that
@@ -124,6 +126,21 @@ def setup(seed: int = 0) -> None:
         return
     mpl.rcParams.update(PLOT_STYLE)
     _crisp_inline_figures()
+
+
+def _use_deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)``, without its slow import.
+
+    Since torch 2.x the public function also imports ``torch._inductor.config`` (about
+    two seconds, in every notebook that calls :func:`setup`) to set inductor's own flag,
+    which only ``torch.compile`` reads. The book compiles nothing, so the eager flag is
+    set directly; where inductor is already imported, the public function costs nothing
+    and sets both.
+    """
+    if "torch._inductor.config" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def _crisp_inline_figures() -> None:
