@@ -197,6 +197,7 @@ class RotaryEmbedding:
         positions : Tensor of integers, shape (T,) or broadcastable to (..., T), optional
             Each row's absolute position; default ``0, 1, ..., T - 1``. A cached
             decoding step passes the new token's own position (the cache's length).
+            On any device: they are moved to x's, as an index would be.
 
         Returns
         -------
@@ -219,7 +220,7 @@ class RotaryEmbedding:
                 f"positions must give one position per row of x, shape (..., {length}), got {got} "
                 f"(x {shape_str(x.shape)})"
             )
-        angles = self.angles(positions)  # (..., T, r/2)
+        angles = self.angles(positions.to(x.device))  # (..., T, r/2)
         return rotate_unchecked(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), self.pairing)
 
     def _check_positions(self, positions: object) -> Tensor:

@@ -628,7 +628,7 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
         raise ValueError(f"q has {h} head: with one head the cut changes nothing; pass h >= 2")
     if isinstance(sequence, bool) or not isinstance(sequence, int) or not 0 <= sequence < B:
         raise ValueError(f"sequence must be an int from 0 to {B - 1}, got {sequence!r}")
-    q_s, k_s = q[sequence].detach().double(), k[sequence].detach().double()
+    q_s, k_s = q[sequence].detach().double().cpu(), k[sequence].detach().double().cpu()
     scores = q_s @ k_s.mT  # (h, T, S)
     wide = (scores.sum(0) / (h * d_k) ** 0.5).softmax(-1)  # one softmax of the summed scores
     maps = [*(scores / d_k**0.5).softmax(-1), wide]  # each head's, then the wide head's

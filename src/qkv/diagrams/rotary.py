@@ -110,7 +110,7 @@ def rotation(
         tensor = require_tensor(name, x, ndim=1, layout="(d_k,)")
         if tensor.shape[0] != d_k:
             raise ValueError(f"{name} has shape {shape_str(tensor.shape)}, but rotary is for d_k={d_k}")
-        vectors[name] = tensor.detach()
+        vectors[name] = tensor.detach().cpu()
     if not 0 <= pair < rotary.rotary_dim // 2:
         raise ValueError(f"pair must be between 0 and {rotary.rotary_dim // 2 - 1}, got {pair}")
     if not positions:
@@ -621,7 +621,7 @@ def value_shift(
         tensor = require_tensor(name, x, ndim=2, layout="(T, d_k)")
         if tensor.shape[1] != d_k:
             raise ValueError(f"{name} has shape {shape_str(tensor.shape)}, but rotary is for d_k={d_k}")
-        rows[name] = tensor.detach()
+        rows[name] = tensor.detach().cpu()
     T = rows["query"].shape[0]
     if rows["key"].shape[0] != T or rows["value"].shape[0] != T:
         raise ValueError(
