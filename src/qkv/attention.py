@@ -41,8 +41,10 @@ def _torch_version() -> tuple[int, int]:
 
 
 # From torch 2.5 on, F.scaled_dot_product_attention gives a query with no allowed key a
-# zero output and finite gradients on CPU and CUDA (pytorch/pytorch#133882, in the
-# v2.5.0 release notes). Elsewhere (older torch, other devices) qkv guards such rows itself.
+# zero output and finite gradients (pytorch/pytorch#133882, in the v2.5.0 release notes);
+# qkv relies on it on the CPU only. On CUDA the kernel depends on the GPU, dtype and mask:
+# on an H100 with torch 2.11, cuDNN's kernel (float16, bfloat16) gave such a row a nonzero
+# output for a boolean mask (tests/test_cuda.py). Elsewhere qkv guards such rows itself.
 SDPA_ZEROES_EMPTY_ROWS = _torch_version() >= (2, 5)
 
 # torch 2.5 added enable_gqa to F.scaled_dot_product_attention: fewer K/V heads than query
@@ -150,9 +152,7 @@ def fused_attention_unchecked(
         # SDPA's own is_causal aligns to the top left and takes no other mask: build ours.
         causal = causal_mask_unchecked(query.shape[-2], key.shape[-2], query.device)  # (T, S)
         mask, is_causal = merge_masks(mask, causal, query.dtype), False
-    if mask is None or (
-        SDPA_ZEROES_EMPTY_ROWS and (query.is_cpu or query.is_cuda) and mask.dtype in (torch.bool, query.dtype)
-    ):
+    if mask is None or (SDPA_ZEROES_EMPTY_ROWS and query.is_cpu and mask.dtype in (torch.bool, query.dtype)):
         # The usual case, kept short: it runs once per layer and token when decoding.
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
@@ -160,7 +160,7 @@ def fused_attention_unchecked(
     if mask.is_floating_point() and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)  # autocast: the projections ran in a lower precision
     empty = None
-    if not (SDPA_ZEROES_EMPTY_ROWS and (query.is_cpu or query.is_cuda)):
+    if not (SDPA_ZEROES_EMPTY_ROWS and query.is_cpu):
         # Let a row with no allowed key attend everywhere, so that the kernel computes
         # no NaN (forward or backward), then zero its output: the explicit path's contract.
         if mask.dtype == torch.bool:
