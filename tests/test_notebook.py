@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -31,6 +32,16 @@ def test_setup_does_not_import_inductor_to_ask_for_determinism():
     code = "import sys, qkv; qkv.setup(); print('torch._inductor.config' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_setup_puts_keras_on_torch_and_the_cpu_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setenv("KERAS_TORCH_DEVICE", "cuda")  # a reader's own choice stays
+    qkv.setup()
+    assert os.environ["KERAS_BACKEND"] == "torch" and os.environ["KERAS_TORCH_DEVICE"] == "cuda"
+    monkeypatch.delenv("KERAS_TORCH_DEVICE")
+    qkv.setup()
+    assert os.environ["KERAS_TORCH_DEVICE"] == "cpu"  # where the book measured Keras
 
 
 def test_setup_applies_the_plot_style():

@@ -76,7 +76,10 @@ def setup(seed: int = 0) -> None:
     Seeds Python, NumPy and torch; asks eager torch for deterministic algorithms
     (warning, not failing, where an operation has none; ``torch.compile``'s inductor
     keeps its own flag unless it was imported first);
-    makes Keras use its torch backend (unless ``KERAS_BACKEND`` is already set);
+    makes Keras use its torch backend (unless ``KERAS_BACKEND`` is already set), on
+    the CPU (unless ``KERAS_TORCH_DEVICE`` is set), where the book measured what Keras
+    does: on a GPU its fused path differs (on an H100 it refused a key and a value of
+    different lengths that the CPU's accepted, and gave an empty row another output);
     keeps log noise out of the cells' output where TensorFlow is installed beside
     Keras (its C++ start-up lines, unless ``TF_CPP_MIN_LOG_LEVEL`` is set) or a
     CUDA build of torch finds no GPU (as on Colab's CPU runtime); sets short,
@@ -99,6 +102,7 @@ def setup(seed: int = 0) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # The book runs Keras on its torch backend; set before keras is imported.
     os.environ.setdefault("KERAS_BACKEND", "torch")
+    os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")
     # Where TensorFlow is installed beside Keras (as on Colab), its C++ start-up log
     # lines would land in reader cells; 3 keeps errors only. Read when TF loads.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
