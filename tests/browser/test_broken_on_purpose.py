@@ -187,6 +187,18 @@ def test_accessibility_violations_are_caught(open_page) -> None:
     )
 
 
+def test_small_targets_are_caught_but_links_in_a_sentence_are_not(open_page) -> None:
+    """WCAG 2.5.8: two 9 px links side by side fail; the same links inside a sentence are
+    "inline" (the line height sets their size) and pass, however the line wraps them."""
+    links = '<a href="#" style="font-size:9px;line-height:9px">a</a><a href="#" style="font-size:9px">b</a>'
+    alone = _broken(open_page, f"<div>{links}</div>")
+    found = " ".join(find_accessibility_violations(alone, rules="structure"))
+    assert "target-size (serious, 2 elements)" in found, found
+    sentence = f'<p style="width:230px">Words before two small links, {links}, and words after them.</p>'
+    found = " ".join(find_accessibility_violations(_broken(open_page, sentence), rules="structure"))
+    assert "target-size" not in found, found
+
+
 def test_a_faint_link_on_an_exercise_is_caught_and_the_css_darkens_it(open_page) -> None:
     """The theme's link blue on an exercise's tinted background falls below 4.5:1 (a
     citation in rotary/additive's exercise did); reader-view.css darkens it there."""
