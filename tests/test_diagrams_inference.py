@@ -13,7 +13,7 @@ import torch
 import qkv
 from qkv.diagrams import HEAD_COLOURS, ROLE_COLOURS, matrix_names, patches_by_gid, texts_of
 from qkv.diagrams._draw import MASKED_COLOUR, MASKED_HATCH
-from qkv.diagrams.inference import attention_map, cache_growth, cross_attention, decoding_step
+from qkv.diagrams.inference import _fresh, attention_map, cache_growth, cross_attention, decoding_step
 from qkv.models import DecoderLayer, EncoderDecoderConfig, TinyEncoderDecoder
 
 matplotlib.use("Agg")
@@ -136,14 +136,14 @@ def test_decoding_step_groups_query_heads_over_their_kv_head(num_kv_heads, d_k, 
     for i in range(h):
         assert shape_of(figure, f"q{i}") == (1, d_k)  # one query row of one head
         mine = set(grid(figure, f"K{i // group}")[cached])  # the new row of the K/V head it reads
-        assert set(colours(figure, f"q{i}")) == mine == {HEAD_COLOURS[i // group].lower()}
+        assert set(colours(figure, f"q{i}")) == mine == {_fresh(HEAD_COLOURS[i // group]).lower()}
         for j in set(range(num_kv_heads)) - {i // group}:
             assert set(grid(figure, f"K{j}")[cached]) != mine
     # q_t: head i's block of d_k columns in the colour of the K/V head it reads
     (q_t,) = grid(figure, "q_t")
-    assert q_t == [HEAD_COLOURS[(c // d_k) // group].lower() for c in range(h * d_k)]
+    assert q_t == [_fresh(HEAD_COLOURS[(c // d_k) // group]).lower() for c in range(h * d_k)]
     (k_t,) = grid(figure, "k_t")
-    assert k_t == [HEAD_COLOURS[c // d_k].lower() for c in range(num_kv_heads * d_k)]
+    assert k_t == [_fresh(HEAD_COLOURS[c // d_k]).lower() for c in range(num_kv_heads * d_k)]
     texts = texts_of(figure)
     shared = ", ".join(str(i) for i in range(group + 1, 2 * group + 1))  # numbered from 1
     for text in (f"(1, {h * d_k})", f"(1, {num_kv_heads * d_k})", f"(1, {num_kv_heads * d_v})",
@@ -153,13 +153,20 @@ def test_decoding_step_groups_query_heads_over_their_kv_head(num_kv_heads, d_k, 
         assert text in texts
 
 
+def luminance(colour: str) -> float:
+    red, green, blue = matplotlib.colors.to_rgb(colour)
+    return 0.2126 * red + 0.7152 * green + 0.0722 * blue
+
+
 def test_decoding_step_draws_the_new_row_apart_from_the_cached_ones():
     mha = qkv.MultiHeadAttention(12, 3)  # h_kv = h: one query head per K/V head
     figure = decoding_step(mha, cache_after(mha, 4, max_length=10))
-    for name in ("K0", "V0", "K2"):
+    for name in ("K0", "V0", "K1", "V1", "K2"):
         rows = grid(figure, name)
         cached, new = {c for row in rows[:4] for c in row}, set(rows[4])
         assert len(cached) == len(new) == 1 and cached != new  # cached rows lighter, the new row in full
+        (light,), (full,) = cached, new
+        assert luminance(light) - luminance(full) > 0.15, name  # apart by fill, not only outline
         (outline,) = patches_by_gid(figure, f"new-row:{name}")
         top = qkv.diagrams.cells(figure, name).corner[1]
         assert outline.get_y() == pytest.approx(top + 4) and outline.get_height() == 1  # the last row only

@@ -112,6 +112,17 @@ def _canvas(width: float, height: float, scale: _Scale) -> Canvas:
     return canvas
 
 
+def _fresh(colour: str) -> str:
+    """``colour`` for what a step computes now: a light colour moved towards black, so that
+    its new row stands apart from its cached rows (``_lighter``) by fill, not only outline."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    red, green, blue = to_rgb(colour)
+    if 0.2126 * red + 0.7152 * green + 0.0722 * blue <= 0.55:
+        return colour
+    return to_hex((red * 0.65, green * 0.65, blue * 0.65))
+
+
 def _lighter(colour: str) -> str:
     """``colour`` moved towards white, dark colours further than light ones, so that each stays visible."""
     from matplotlib.colors import to_hex, to_rgb
@@ -549,9 +560,9 @@ def decoding_step(layer: object, cache: object) -> Figure:
 
     canvas.title(f"One decoding step: the new token reads {cached} cached tokens and itself")
     # The new token and its projections; q_t's heads in the colour of the K/V head they read.
-    q_colours = [head_colour((c // d_k) // group) for c in range(h * d_k)]
-    k_colours = [head_colour(c // d_k) for c in range(h_kv * d_k)]
-    v_colours = [head_colour(c // d_v) for c in range(h_kv * d_v)]
+    q_colours = [_fresh(head_colour((c // d_k) // group)) for c in range(h * d_k)]
+    k_colours = [_fresh(head_colour(c // d_k)) for c in range(h_kv * d_k)]
+    v_colours = [_fresh(head_colour(c // d_v)) for c in range(h_kv * d_v)]
     y = title_h
 
     def projection(letter: str, module: object) -> str:  # "x_t W^Q", "+ b^Q" where it has a bias
@@ -611,10 +622,11 @@ def decoding_step(layer: object, cache: object) -> Figure:
         )
         top = py + scale.line + scale.above
         colour = head_colour(j)
+        fresh = _fresh(colour)  # computed this step: the queries and the new K/V row
         x_q = px + scale.units(q_label_in)
         for n, i in enumerate(heads):
             q_top = top + n * q_step
-            canvas.matrix(x_q, q_top, 1, d_k, colour, grid=grid, frame=ROLE_COLOURS["q"], gid=f"q{i}")
+            canvas.matrix(x_q, q_top, 1, d_k, fresh, grid=grid, frame=ROLE_COLOURS["q"], gid=f"q{i}")
             canvas.text(
                 x_q - scale.units(0.08),
                 q_top + 0.5,
@@ -631,7 +643,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
         for name, x, cols in (("K", x_k, d_k), ("V", x_v, d_v)):
             role = name.lower()
             light = _lighter(colour)
-            cells = [[light] * cols for _ in range(cached)] + [[colour] * cols]
+            cells = [[light] * cols for _ in range(cached)] + [[fresh] * cols]
             box = canvas.matrix(
                 x,
                 top,
@@ -663,7 +675,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
         line_y = legend_top + (n + 0.5) * scale.line
         piece = 1.6 * swatch / shown
         for j in range(shown):  # each K/V head's colour (light when cached)
-            colour = head_colour(j) if outlined else _lighter(head_colour(j))
+            colour = _fresh(head_colour(j)) if outlined else _lighter(head_colour(j))
             gid = f"legend:{'new' if outlined else 'cached'}:{j}"
             corner = (margin + j * piece, line_y - swatch / 2)
             canvas.ax.add_patch(
