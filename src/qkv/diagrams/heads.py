@@ -575,6 +575,9 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
     return canvas.fit()
 
 
+WEIGHT_LEVELS = 12  # colours in wide_head's map, all kept by a palette PNG
+
+
 def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
     """Why the cut comes before the scores: each head's own softmax, against one of the scores summed.
 
@@ -610,6 +613,7 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
     >>> [ax.get_title() for ax in figure.axes[:4]]
     ['head 1', 'head 2', 'head 3', 'no cut: one wide head']
     """
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
@@ -638,17 +642,20 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
     figure = Figure(figsize=((h + 1) * (side + 0.35) + 1.0, side + 1.3), layout="constrained")
     axes = figure.subplots(1, h + 1, sharey=True)
     top = max(float(m.max()) for m in maps)
+    # Discrete levels: the book stores figures as 256-colour palette PNGs, which would band a
+    # continuous colour bar with colours off the map.
+    cmap = colormaps["viridis"].resampled(WEIGHT_LEVELS)
     for i, (ax, weights, title) in enumerate(zip(axes, maps, titles, strict=True)):
-        image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
+        image = ax.imshow(weights.numpy(), cmap=cmap, vmin=0.0, vmax=top, interpolation="nearest")
         colour = head_colour(i) if i < h else EDGE_COLOUR
         ax.set_title(title, fontsize=10, color=TEXT_COLOUR, fontweight="bold")
         for spine in ax.spines.values():  # the head's colour as a frame: light colours stay legible
             spine.set(visible=True, edgecolor=colour, linewidth=2.5)
-        ax.set_xlabel("key position")
+        ax.set_xlabel("key position s (from 0)")
         ax.set_xticks(range(S))
         ax.set_yticks(range(T))
         ax.tick_params(labelsize=8)
-    axes[0].set_ylabel("query position")
+    axes[0].set_ylabel("query position t (from 0)")
     figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.9)
     figure.suptitle(
         "With the cut, each head has its own softmax over the keys; without it, one softmax runs over "
