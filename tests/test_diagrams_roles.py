@@ -190,6 +190,9 @@ def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_hea
     assert "strips: heads 1 to 3, 4 columns each" in texts
     numbers = [t.get_text() for t in figure.axes[0].texts if (t.get_gid() or "").startswith("head-number:")]
     assert numbers == ["1", "2", "3"] * 3  # each strip's cells numbered: heads 1 and 3 differ
+    many = qkv.diagrams.data_flow(torch.randn(4, 48), qkv.MultiHeadAttention(48, 12), attention_weights=True)
+    assert not [t for t in many.axes[0].texts if (t.get_gid() or "").startswith("head-number:")]  # no room
+    assert "strips: heads 1 to 12, 4 columns each" in texts_of(many)
     assert r"$(h, T, S)$: $T \times S$ per head" in texts and "(3, 4, 4)" in texts
     plain = texts_of(qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True))
     assert "operations" in plain and "$XW^Q$" in plain  # unnamed, the node shows its formula

@@ -603,7 +603,7 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
 
     See Also
     --------
-    :doc:`heads` : the cut, and what skipping it gives.
+    :doc:`heads/wide-head` : what skipping the cut gives.
 
     Examples
     --------
@@ -656,7 +656,9 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
         ax.set_yticks(range(T))
         ax.tick_params(labelsize=8)
     axes[0].set_ylabel("query position t (from 0)")
-    figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.9)
+    bar = figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.9)
+    bar.set_ticks([top * n / WEIGHT_LEVELS for n in range(0, WEIGHT_LEVELS + 1, 2)])  # on the bands' edges
+    bar.ax.yaxis.set_major_formatter("{x:.2f}")
     figure.suptitle(
         "With the cut, each head has its own softmax over the keys; without it, one softmax runs over "
         "the heads' scores summed",

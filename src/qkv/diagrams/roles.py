@@ -237,14 +237,15 @@ def data_flow(
 
         left, right, strip = x0 + 0.08, x0 + width - 0.08, 0.12
         cell = (right - left) / count
-        numbered = cell >= 0.14  # room for a digit: up to about 14 heads
+        numbered = cell >= 0.14  # room for a digit: up to 6 heads in five columns, 9 in four
         for j in range(count):
             ax.add_patch(Rectangle((left + j * cell, bottom - 0.06 - strip), cell, strip,
                                    facecolor=to_rgba(colour, 0.55 if j % 2 == 0 else 0.25),
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
             if numbered:  # alternating shades alone make heads 1 and 3 look alike: number them
-                ax.text(left + (j + 0.5) * cell, bottom - 0.06 - strip / 2, str(j + 1), ha="center",
-                        va="center", fontsize=FONT * 0.55, color=TEXT_COLOUR, gid=f"head-number:{product}")  # fmt: skip
+                middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
+                ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.55,
+                        color=TEXT_COLOUR, gid=f"head-number:{product}")  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
