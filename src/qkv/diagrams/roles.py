@@ -244,7 +244,8 @@ def data_flow(
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
             if numbered:  # alternating shades alone make heads 1 and 3 look alike: number them
                 ax.text(left + (j + 0.5) * cell, bottom - 0.06 - strip / 2, str(j + 1), ha="center",
-                        va="center", fontsize=FONT * 0.55, color=TEXT_COLOUR, gid=f"head-number:{product}")  # fmt: skip
+                        va="center", fontsize=FONT * 0.55, color=TEXT_COLOUR,
+                        gid=f"head-number:{product}")  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
