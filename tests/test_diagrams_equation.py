@@ -78,6 +78,28 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     assert "mask[:, None, None, :]" in figure.axes[0].get_title()  # the shape SDPA takes
 
 
+def test_mask_conventions_labels_read_at_4_5_to_1_on_their_cells():
+    """WCAG AA for text: white on the key colour was 3.87:1; each label now reads at 4.5:1."""
+    from qkv.diagrams._draw import contrast_ratio
+
+    mask = qkv.padding_mask([2, 4], 4)[:, 0, 0]  # (B, S), True = may attend
+    weights = torch.tensor([[0.0, 0.0, 0.5, 0.5], [math.nan] * 4])
+    figure = qkv.diagrams.mask_conventions(mask, weights)
+    assert contrast_ratio("#FFFFFF", ROLE_COLOURS["k"]) < 4.5  # why white had to go
+    names = ("sdpa", "torch", "hugging face", "inverted")
+    checked = 0
+    for ax, name in zip(figure.axes, names, strict=True):
+        grid = cells(figure, name)
+        for label in ax.texts:
+            s, b = (round(v) for v in label.get_position())
+            # a blocked cell's label sits on a white box over the hatching
+            under = "#FFFFFF" if grid.hatched[b][s] else grid.colours[b][s]
+            assert label.get_text() == grid.text[b][s]
+            assert contrast_ratio(label.get_color(), under) >= 4.5, (name, b, s)
+            checked += 1
+    assert checked == 4 * mask.numel()  # every cell's label
+
+
 def test_mask_conventions_checks_its_inputs():
     with pytest.raises(ValueError, match="boolean tensor"):
         qkv.diagrams.mask_conventions(torch.ones(2, 3))

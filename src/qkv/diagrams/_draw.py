@@ -71,6 +71,26 @@ def ink_on(colour: str, alpha: float = 0.85) -> str:
     return TEXT_COLOUR if 0.299 * red + 0.587 * green + 0.114 * blue > 0.6 else "#FFFFFF"
 
 
+def contrast_ratio(one: str, other: str) -> float:
+    """WCAG's contrast ratio of two opaque colours, from 1 (the same) to 21 (black on white)."""
+    from matplotlib.colors import to_rgb
+
+    def luminance(colour: str) -> float:
+        linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(colour)]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    light, dark = sorted((luminance(one), luminance(other)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def readable_ink(colour: str) -> str:
+    """White, the book's dark text or black: the first that reads at 4.5:1 (WCAG AA) on opaque ``colour``."""
+    for ink in ("#FFFFFF", TEXT_COLOUR, "#000000"):
+        if contrast_ratio(ink, colour) >= 4.5:
+            return ink
+    return max(("#FFFFFF", "#000000"), key=lambda ink: contrast_ratio(ink, colour))
+
+
 def head_weights(layer: object) -> HeadWeights:
     """The per-head weights of a HeadWeights or of a module with ``to_heads()``."""
     if isinstance(layer, HeadWeights):

@@ -40,6 +40,7 @@ from qkv.diagrams._draw import (
     ROLE_COLOURS,
     TEXT_COLOUR,
     Cells,
+    readable_ink,
     register_cells,
     require_matplotlib,
 )
@@ -600,7 +601,7 @@ def mask_conventions(
                 is_nan = text[b][s] == "NaN"
                 colour = NAN_COLOUR if is_nan else (ROLE_COLOURS["k"] if is_open else MASKED_COLOUR)
                 _mask_cell(ax, b, s, colour, hatched=not (is_open or is_nan), gid=f"{name}:{b}:{s}")
-                ink = "white" if is_open or is_nan else TEXT_COLOUR
+                ink = readable_ink(colour) if is_open or is_nan else TEXT_COLOUR  # >= 4.5:1
                 box = None if is_open or is_nan else {"facecolor": "white", "edgecolor": "none", "pad": 3}
                 ax.text(s, b, text[b][s], ha="center", va="center", fontsize=FONT - 2, color=ink, bbox=box)
                 colours[-1].append(colour)
