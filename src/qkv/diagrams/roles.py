@@ -19,6 +19,8 @@ from qkv.diagrams._draw import (
     FONT,
     ROLE_COLOURS,
     TEXT_COLOUR,
+    head_colour,
+    ink_on,
     layer_inputs,
     math,
     require_matplotlib,
@@ -230,7 +232,7 @@ def data_flow(
         ax.text(x0 + width / 2, top + _NODE_HEIGHT / 2, label, ha="center", va="center", fontsize=size,
                 color=TEXT_COLOUR, family=family)  # fmt: skip
 
-    def head_strip(x0: float, bottom: float, colour: str, count: int, product: str) -> None:
+    def head_strip(x0: float, bottom: float, count: int, product: str) -> None:
         """The product's column blocks, one cell per head, along the bottom of its box."""
         from matplotlib.colors import to_rgba
         from matplotlib.patches import Rectangle
@@ -238,14 +240,14 @@ def data_flow(
         left, right, strip = x0 + 0.08, x0 + width - 0.08, 0.12
         cell = (right - left) / count
         numbered = cell >= 0.14  # room for a digit: up to 6 heads in five columns, 9 in four
-        for j in range(count):
+        for j in range(count):  # each head in its own colour, as in the book's other head figures
             ax.add_patch(Rectangle((left + j * cell, bottom - 0.06 - strip), cell, strip,
-                                   facecolor=to_rgba(colour, 0.55 if j % 2 == 0 else 0.25),
+                                   facecolor=to_rgba(head_colour(j), 0.85),
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
-            if numbered:  # alternating shades alone make heads 1 and 3 look alike: number them
+            if numbered:  # and its number, where a digit fits
                 middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
                 ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.55,
-                        color=TEXT_COLOUR, gid=f"head-number:{product}")  # fmt: skip
+                        color=ink_on(head_colour(j)), gid=f"head-number:{product}")  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
@@ -275,7 +277,7 @@ def data_flow(
         ax.text(middle, node[i] - 0.13, math(f"XW^{p_name} + b^{p_name}") if operation else "", ha="center",
                 va="center", fontsize=FONT * 0.75, color=TEXT_COLOUR)  # fmt: skip
         box(column[2], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], p_name, p_shape, p_name)
-        head_strip(column[2], top + _BOX_HEIGHT, ROLE_COLOURS[role], h if role == "q" else h_kv, p_name)
+        head_strip(column[2], top + _BOX_HEIGHT, h if role == "q" else h_kv, p_name)
         end = column[columns - 1] if role == "v" else column[3]
         arrow(column[2] + width, centre[i], end, centre[target[i]])
     # What the strips are: the products' column blocks, one cell per head.
