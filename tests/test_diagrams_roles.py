@@ -35,7 +35,7 @@ def test_self_attention_draws_one_input_three_weights_three_products_with_their_
     for header in (
         "input",
         "operations",
-        "with their learned weights",
+        "with their trainable weights",
         "products",
         "computed from the input",
     ):
@@ -185,7 +185,7 @@ def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_hea
     mha = qkv.MultiHeadAttention(12, 3)  # d_k = d_v = 4
     figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, code=code)
     texts = texts_of(figure)
-    assert "operations" in texts and "with their learned weights" in texts
+    assert "operations" in texts and "with their trainable weights" in texts
     assert "parameters" not in texts and "learned" not in texts  # not over the operations
     assert "strips: heads 1 to 3, 4 columns each" in texts
     numbers = [t.get_text() for t in figure.axes[0].texts if (t.get_gid() or "").startswith("head-number:")]

@@ -148,7 +148,7 @@ def data_flow(
     column = [left + i * width + sum(gaps[:i]) for i in range(columns)]
     # The second column holds the operations (X -> X W^Q + b^Q), each with its learned
     # weights entering from above: a header over both, not "parameters" alone.
-    second = ("operations", "with their learned weights")
+    second = ("operations", "with their trainable weights")
     headers = [
         ("input", "computed per sequence"),
         second,
