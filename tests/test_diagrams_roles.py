@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.diagrams import ROLE_COLOURS, texts_of
+from qkv.diagrams import HEAD_COLOURS, ROLE_COLOURS, texts_of
 
 matplotlib.use("Agg")
 
@@ -190,6 +190,10 @@ def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_hea
     assert "strips: heads 1 to 3, 4 columns each" in texts
     numbers = [t.get_text() for t in figure.axes[0].texts if (t.get_gid() or "").startswith("head-number:")]
     assert numbers == ["1", "2", "3"] * 3  # each strip's cells numbered: heads 1 and 3 differ
+    from qkv.diagrams._draw import contrast_ratio
+
+    for label in (t for t in figure.axes[0].texts if (t.get_gid() or "").startswith("head-number:")):
+        assert contrast_ratio(label.get_color(), HEAD_COLOURS[int(label.get_text()) - 1]) >= 4.5
     many = qkv.diagrams.data_flow(torch.randn(4, 48), qkv.MultiHeadAttention(48, 12), attention_weights=True)
     assert not [t for t in many.axes[0].texts if (t.get_gid() or "").startswith("head-number:")]  # no room
     assert "strips: heads 1 to 12, 4 columns each" in texts_of(many)

@@ -112,14 +112,22 @@ def _canvas(width: float, height: float, scale: _Scale) -> Canvas:
     return canvas
 
 
+def _luminance(colour: str) -> float:
+    """The Rec. 709 weighting of ``colour``'s red, green and blue: 0 (black) to 1 (white)."""
+    from matplotlib.colors import to_rgb
+
+    red, green, blue = to_rgb(colour)
+    return 0.2126 * red + 0.7152 * green + 0.0722 * blue
+
+
 def _fresh(colour: str) -> str:
     """``colour`` for what a step computes now: a light colour moved towards black, so that
     its new row stands apart from its cached rows (``_lighter``) by fill, not only outline."""
     from matplotlib.colors import to_hex, to_rgb
 
-    red, green, blue = to_rgb(colour)
-    if 0.2126 * red + 0.7152 * green + 0.0722 * blue <= 0.55:
+    if _luminance(colour) <= 0.55:
         return colour
+    red, green, blue = to_rgb(colour)
     return to_hex((red * 0.65, green * 0.65, blue * 0.65))
 
 
@@ -128,7 +136,7 @@ def _lighter(colour: str) -> str:
     from matplotlib.colors import to_hex, to_rgb
 
     red, green, blue = to_rgb(colour)
-    amount = 0.1 + 0.6 * (1 - (0.2126 * red + 0.7152 * green + 0.0722 * blue))  # by luminance
+    amount = 0.1 + 0.6 * (1 - _luminance(colour))  # by luminance
     return to_hex((red + (1 - red) * amount, green + (1 - green) * amount, blue + (1 - blue) * amount))
 
 

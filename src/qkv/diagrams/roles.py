@@ -20,9 +20,9 @@ from qkv.diagrams._draw import (
     ROLE_COLOURS,
     TEXT_COLOUR,
     head_colour,
-    ink_on,
     layer_inputs,
     math,
+    readable_ink,
     require_matplotlib,
 )
 
@@ -234,7 +234,6 @@ def data_flow(
 
     def head_strip(x0: float, bottom: float, count: int, product: str) -> None:
         """The product's column blocks, one cell per head, along the bottom of its box."""
-        from matplotlib.colors import to_rgba
         from matplotlib.patches import Rectangle
 
         left, right, strip = x0 + 0.08, x0 + width - 0.08, 0.12
@@ -242,12 +241,12 @@ def data_flow(
         numbered = cell >= 0.14  # room for a digit: up to 6 heads in five columns, 9 in four
         for j in range(count):  # each head in its own colour, as in the book's other head figures
             ax.add_patch(Rectangle((left + j * cell, bottom - 0.06 - strip), cell, strip,
-                                   facecolor=to_rgba(head_colour(j), 0.85),
+                                   facecolor=head_colour(j),
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
-            if numbered:  # and its number, where a digit fits
+            if numbered:  # and its number, where a digit fits, in ink that reads at 4.5:1
                 middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
                 ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.55,
-                        color=ink_on(head_colour(j)), gid=f"head-number:{product}")  # fmt: skip
+                        color=readable_ink(head_colour(j)), gid=f"head-number:{product}")  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
@@ -281,7 +280,7 @@ def data_flow(
         end = column[columns - 1] if role == "v" else column[3]
         arrow(column[2] + width, centre[i], end, centre[target[i]])
     # What the strips are: the products' column blocks, one cell per head.
-    strips = (  # alternating shades: say that each cell is a head
+    strips = (  # say that each cell is a head
         f"strips: heads 1 to {h}, {d_k} columns each"
         if (h, d_k) == (h_kv, d_v)
         else f"strips: {h} heads ($Q$), {h_kv} ($K$, $V$), one cell per head"
