@@ -458,3 +458,20 @@ def test_every_figure_has_alt_text_that_says_what_it_shows(path: Path) -> None:
             f"{path.name}: code cell {index} shows a figure without alt text; set "
             'its metadata "mystnb": {"image": {"alt": "what the figure shows"}}'
         )
+
+
+def test_no_removed_cell_holds_an_assert() -> None:
+    """CONTRIBUTING's cell tags: an assert that backs a sentence stays reachable (hide-cell, a toggle).
+
+    remove-cell takes a cell out of the HTML altogether, so a reader who doubts a
+    sentence could not find its check; cold readers asked for it more than once.
+    """
+    removed = []
+    for path in sorted((ROOT / "book").glob("**/*.ipynb")):
+        for index, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            source = "".join(cell["source"])
+            if "remove-cell" in cell.get("metadata", {}).get("tags", []) and re.search(
+                r"\bassert\b|assert_close|pytest\.raises", source
+            ):
+                removed.append(f"{path.relative_to(ROOT)} cell {index}")
+    assert not removed, f"asserts in remove-cell cells (tag them hide-cell): {removed}"
