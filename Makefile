@@ -48,7 +48,7 @@ help:
 	@echo "make html-strict  build the book from scratch with warnings as errors"
 	@echo "make browser      open every built page in headless Chromium (screenshots: _build/screenshots)"
 	@echo "make execute      re-run notebooks in place (NB=book/x.ipynb for one)"
-	@echo "make test-oldest  unit tests and every chapter on the version floors (Python 3.10; PYTHON=...)"
+	@echo "make test-oldest  the unit tests on the version floors (Python 3.10; PYTHON=...)"
 	@echo "make test-colab   the same on Colab's versions, TensorFlow included (Python 3.13; PYTHON=...)"
 	@echo "make clean        remove the built book and caches (keeps $(VENV))"
 

@@ -45,3 +45,17 @@ def pinned_environment() -> bool:
         return all(public(metadata.version(pin)) == version for pin, version in pins.items())
     except metadata.PackageNotFoundError:
         return False
+
+
+def is_pinned(distribution: str) -> bool:
+    """Whether the installed `distribution` is the version requirements.txt pins.
+
+    Tests that check what a page quotes from one library's source (its comments, its
+    names) hold for the pinned version the page was run with, not for every version
+    `make test-oldest` or `make test-colab` installs.
+    """
+    try:
+        installed = public(metadata.version(distribution))
+    except metadata.PackageNotFoundError:
+        return False
+    return read_pins(ROOT / "requirements.txt").get(name(distribution)) == installed

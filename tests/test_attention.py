@@ -203,7 +203,8 @@ def test_a_float_mask_of_zeros_and_ones_is_refused_saying_what_to_pass(attend, z
 @pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
 def test_a_nested_tensor_is_refused_naming_the_argument(attend, layout):
     # Before: AttributeError 'NestedIntNode' (jagged) or RuntimeError (strided) from torch's internals.
-    ragged = [torch.randn(3, 4, 5), torch.randn(3, 6, 5)]  # two sequences, h = 3, d_k = 5
+    # Two sequences of 4 and 6 tokens, h = 3, d_k = 5; the ragged axis first (torch 2.4's jagged layout)
+    ragged = [torch.randn(4, 3, 5), torch.randn(6, 3, 5)]
     with warnings.catch_warnings():  # torch calls its strided layout a prototype
         warnings.simplefilter("ignore", UserWarning)
         nested = torch.nested.nested_tensor(ragged, layout=layout)

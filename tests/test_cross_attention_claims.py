@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+from pins import is_pinned
 
 import qkv
 from qkv.data import AbacusBeadOrderTask
@@ -162,6 +163,7 @@ def test_key_and_value_inputs_of_different_widths_share_only_their_length():
         layer(query, key, value[:, :4])
 
 
+@pytest.mark.skipif(not is_pinned("keras"), reason="the page quotes the pinned Keras's source")
 def test_keras_source_names_the_axes_with_its_own_letters():
     """The cross-attention page's letter table: Keras's comments call the heads N and the head size H."""
     import inspect

@@ -210,7 +210,7 @@ def test_llama_attention_on_the_gpu_through_qkv(num_kv_heads):
 
     config = LlamaConfig(
         hidden_size=24, num_attention_heads=6, num_key_value_heads=num_kv_heads, head_dim=4,
-        attention_dropout=0.0, rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        attention_dropout=0.0, rope_theta=100.0,
     )  # fmt: skip
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)

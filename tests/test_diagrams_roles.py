@@ -243,7 +243,7 @@ def test_tied_preference_draws_one_panel_per_token_on_one_scale():
 
     queries = torch.tensor([[1.0, 0.6], [1.9, 0.4], [-0.2, 1.5]])  # (T, 2)
     figure = qkv.diagrams.tied_preference(queries, token=(0, 1), title="both")
-    assert len(figure.axes) == 2 and figure.get_suptitle() == "both"
+    assert len(figure.axes) == 2 and [t.get_text() for t in figure.texts] == ["both"]  # the suptitle
     for ax, token in zip(figure.axes, (0, 1), strict=True):
         patches = {p.get_gid(): p for p in ax.patches}
         assert patches["circle"].get_radius() == pytest.approx(float(queries[token].norm()))

@@ -28,8 +28,8 @@ def test_half_split_is_hugging_faces_apply_rotary_pos_emb_and_rotary_embedding()
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    config = LlamaConfig(hidden_size=18, num_attention_heads=3, head_dim=D, rope_parameters={
-        "rope_type": "default", "rope_theta": 500.0})  # fmt: skip
+    # rope_theta as a keyword: transformers 5 reads it into rope_parameters, 4.55 keeps it as is
+    config = LlamaConfig(hidden_size=18, num_attention_heads=3, head_dim=D, rope_theta=500.0)
     q, k = randn(B, H, T, D), randn(B, 1, T, D, seed=1)
     positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 30, 31]])  # (B, T), not all from 0
     cos, sin = LlamaRotaryEmbedding(config)(q, positions)  # (B, T, D), float32 angles cast to float64
@@ -224,7 +224,7 @@ def llama_attention(num_kv_heads, implementation):
 
     config = LlamaConfig(
         hidden_size=18, num_attention_heads=6, num_key_value_heads=num_kv_heads, head_dim=4,
-        attention_dropout=0.0, rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        attention_dropout=0.0, rope_theta=100.0,
     )  # fmt: skip
     config._attn_implementation = implementation
     torch.manual_seed(0)
@@ -254,14 +254,14 @@ def test_a_llama_model_decoded_through_qkvs_cache_is_hugging_faces_forward_with_
 
     config = LlamaConfig(
         vocab_size=50, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        num_key_value_heads=2, head_dim=8, rope_theta=1000.0,
     )  # fmt: skip
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(F64).eval()
     ids = torch.randint(0, 50, (1, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        past = DynamicCache(config=config)
+        past = DynamicCache()
         logits = [model(ids[:, :4], past_key_values=past, use_cache=True).logits]  # prompt, then steps
         logits += [model(ids[:, t : t + 1], past_key_values=past, use_cache=True).logits for t in range(4, 9)]
         expected = torch.cat(logits, dim=1)  # (1, 9, vocab)

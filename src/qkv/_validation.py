@@ -110,7 +110,8 @@ def require_not_nested(name: str, x: Tensor) -> None:
     if x.is_nested:
         raise TypeError(
             f"{name} is a nested tensor (torch.nested), which qkv does not take: pad the sequences "
-            f"to one length ({name}.to_padded_tensor(0.0)) and pass which keys are padding "
+            f"to one length (torch.nn.utils.rnn.pad_sequence(list({name}.unbind()), batch_first=True)) "
+            "and pass which keys are padding "
             "(key_padding_mask, or mask=qkv.padding_mask(lengths))"
         )
 
