@@ -42,6 +42,10 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
                   r"\mathtt{value{=}enc\_output}"):  # each input as the call passes it
         assert f"${label}$" in texts, label
     assert "$K$" in texts and "$W^K$" in texts  # K is drawn apart from key=enc_output
+    rows = sorted(t for t in texts if t.startswith("rows: "))  # query, key, value, output
+    assert rows == ["rows: source positions"] * 2 + ["rows: target positions"] * 2
+    title = figure.axes[0].get_title() + " ".join(t.get_text() for t in figure.texts)
+    assert "Addons" not in title and "O: head size" in title  # W^O is H × O × I
     legend = next(t for t in texts if t.startswith("N: query's positions"))
     assert "M: enc_output's positions" in legend and "O: head size (key_dim)" in legend
     assert "W^O" not in legend  # W^O's O means output, not the head size O

@@ -70,8 +70,10 @@ def cross_attention_shapes(
     I`` output allows. Each input is labelled as the layer's call passes it,
     ``query=out1``, ``key=enc_output`` and ``value=enc_output``: the input named ``key``
     is not K, but what W^K multiplies into K. A line under the title says what each
-    letter counts; O is the head size throughout (Addons' output string reuses I and O
-    otherwise). One sequence, no batch axis; the biases (if any) are not drawn. The sizes are read
+    letter counts, and the inputs' and the output's captions say what their rows are
+    (target or source positions); O is the head size throughout, in W^O too (Addons'
+    output string reuses I and O otherwise, so the default title names no library's
+    letters). One sequence, no batch axis; the biases (if any) are not drawn. The sizes are read
     from the objects passed; a block's caption gives its letters and its sizes, e.g. ``N
     × H × O = (4, 2, 5)``.
 
@@ -167,7 +169,7 @@ def cross_attention_shapes(
     width = max(x_s + M + (H - 1) * stack, x_in + HO + 2 * I + 3 * gap + canvas.inch(1.5)) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
-    default_title = "One cross-attention layer: the asker's (TensorFlow Addons') letters, Keras's layout"
+    default_title = "One cross-attention layer in the asker's letters (O: head size), Keras's layout"
     canvas.title(title or default_title)
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
@@ -175,9 +177,12 @@ def cross_attention_shapes(
               f"has its own)   grey, pale: data   one sequence, biases not drawn")  # fmt: skip
     canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
 
-    def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...]) -> None:
+    def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...], rows: str = "") -> None:
         canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.05),
                     f"{letters} = {shape_str(sizes)}", va="top", size=0.8)  # fmt: skip
+        if rows:  # what the rows count, on a line of its own
+            canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.21),
+                        f"rows: {rows}", va="top", size=0.8, gid="rows")  # fmt: skip
 
     def dividers(box: dict[str, float]) -> None:
         for c in range(O, HO, O):
@@ -197,7 +202,7 @@ def cross_attention_shapes(
         box = canvas.matrix(
             x_in, top, length, features, ROLE_COLOURS["x"], label=name, gid=f"{letter}:input"
         )
-        caption(box, l_in, s_in)
+        caption(box, l_in, s_in, "target positions" if letter == "Q" else "source positions")
         canvas.operator(x_w - gap / 2, middle, "×")
         box = canvas.matrix(
             x_w, top, features, HO, ROLE_COLOURS[role], label=f"W^{letter}", gid=f"W^{letter}"
@@ -240,7 +245,7 @@ def cross_attention_shapes(
     x_out = w_o["right"] + gap
     canvas.operator(x_out - gap / 2, middle, "=")
     out = canvas.matrix(x_out, top, N, I, ROLE_COLOURS["x"], label=r"\mathrm{output}", gid="output")
-    caption(out, "N × I", (N, I))
+    caption(out, "N × I", (N, I), "target positions")
     # The decoder's residual is the decoder's step, not the layer's: a note, not a term.
     x_note = out["right"] + gap
     canvas.arrow(out["right"], middle, x_note, middle)
