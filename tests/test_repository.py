@@ -475,3 +475,25 @@ def test_no_removed_cell_holds_an_assert() -> None:
             ):
                 removed.append(f"{path.relative_to(ROOT)} cell {index}")
     assert not removed, f"asserts in remove-cell cells (tag them hide-cell): {removed}"
+
+
+def test_every_label_is_defined_once() -> None:
+    """A MyST target `(name)=` or a directive's `:label:` names one place in the whole book.
+
+    Sphinx does not always warn when two pages define the same target: a helper once
+    labelled a section `rotary-fix`, already taken by rotary/symptoms, and the strict
+    build passed while the link went to the other page.
+    """
+    places: dict[str, list[str]] = {}
+    pages = sorted((ROOT / "book").glob("**/*.ipynb")) + sorted((ROOT / "book").glob("**/*.md"))
+    for path in pages:
+        if path.suffix == ".ipynb":
+            cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+            text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        else:
+            text = path.read_text(encoding="utf-8")
+        names = re.findall(r"^\((\S+?)\)=\s*$", text, re.M) + re.findall(r":label:\s*(\S+)", text)
+        for name in names:
+            places.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    repeated = {name: where for name, where in places.items() if len(where) > 1}
+    assert not repeated, f"labels defined more than once: {repeated}"
