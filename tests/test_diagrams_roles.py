@@ -262,3 +262,35 @@ def test_tied_preference_draws_one_panel_per_token_on_one_scale():
     assert not second["prefers"].get_path().contains_point(queries[0].tolist())
     with pytest.raises(ValueError, match="token must be"):
         qkv.diagrams.tied_preference(queries, token=(0, 3))
+
+
+def test_the_output_projection_carries_the_picture_through_w_o_to_the_layer_output():
+    # 3 heads of d_v = 2 into d_model = 12: W^O is (3·2, 12), the layer's output (4, 12)
+    mha = qkv.MultiHeadAttention(12, 3, d_k=5, d_v=2)
+    for attention_weights in (False, True):
+        figure = qkv.diagrams.data_flow(
+            torch.randn(4, 12), mha, attention_weights=attention_weights, output_projection=True
+        )
+        texts = texts_of(figure)
+        assert "$W^O$ (3·2, 12)" in texts and "layer's output" in texts and "(4, 12)" in texts
+        assert r"$\mathrm{Concat}\,W^O$" in texts and r"$\mathrm{MultiHead}(X, X, X)$" in texts
+        assert _edge(figure, "W^O") == _edge(figure, "layer output") == ROLE_COLOURS["o"].lower()
+        assert _arrows_into(figure, "op^O") == 2  # the joined heads from above, W^O from the side
+        assert _arrows_into(figure, "layer output") == 1
+        assert figure.get_size_inches()[0] <= 7.0
+    (w_o,) = qkv.diagrams.patches_by_gid(figure, "W^O")
+    (node,) = qkv.diagrams.patches_by_gid(figure, "op^O")
+    assert w_o.get_x() + w_o.get_width() < node.get_x()  # beside its operation, on the left
+    cross = qkv.diagrams.data_flow(torch.randn(3, 12), mha, key=torch.randn(5, 12), output_projection=True)
+    assert r"$\mathrm{MultiHead}(X, X_K, X_K)$" in texts_of(cross) and "(3, 12)" in texts_of(cross)
+
+
+def test_without_the_output_projection_the_picture_stops_before_w_o():
+    mha = qkv.MultiHeadAttention(12, 3, d_k=5, d_v=2)
+    for attention_weights in (False, True):
+        figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=attention_weights)
+        texts = texts_of(figure)
+        assert "layer's output" not in texts and not [t for t in texts if t.startswith("$W^O$")]
+        for gid in ("W^O", "op^O", "layer output"):
+            assert qkv.diagrams.patches_by_gid(figure, gid) == []
+        assert figure.get_size_inches()[1] < 4.5  # the same height as before the option

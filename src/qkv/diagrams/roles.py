@@ -45,6 +45,7 @@ _BOX_OP, _GAP_OP = 1.08, 0.2  # five columns with the operations named: a wider 
 _OP_GAP = 0.8
 _ROW, _BOX_HEIGHT = 1.12, 0.94  # a row's height and a box's
 _PARAM_HEIGHT, _NODE_TOP, _NODE_HEIGHT = 0.42, 0.55, 0.36  # in a row, from its box's top
+_OUT_GAP = 0.3  # from W^O's operation down to the layer's output
 
 
 def _shape(*sizes: int | str) -> str:
@@ -59,6 +60,7 @@ def data_flow(
     value: object | None = None,
     code: Mapping[str, str] | None = None,
     attention_weights: bool = False,
+    output_projection: bool = False,
 ) -> Figure:
     """Input, learned weights and products: X → (X W^Q + b^Q, W^Q entering from the side) → Q → attention.
 
@@ -74,8 +76,11 @@ def data_flow(
     input X feeds all three operations; pass ``key`` (and ``value``) for
     cross-attention. With ``attention_weights=True`` a fifth column draws the
     attention weights, (h, T, S): only Q and K reach them ("where to look"), and V
-    goes past them to the output ("what to hand over"). The last box is the heads'
-    outputs joined, before the output projection W^O, which the figure leaves out.
+    goes past them to the output ("what to hand over"). The heads' outputs are joined
+    (Concat) in one box. With ``output_projection=True`` the figure goes on below it:
+    the joined outputs pass through the output projection W^O, which enters its
+    operation from the side as the other weights do, to the layer's output,
+    (T, d_model); without it, the figure stops at the joined outputs, before W^O.
 
     Parameters
     ----------
@@ -95,6 +100,11 @@ def data_flow(
     attention_weights : bool, default False
         Draw the attention weights, head i's softmax(Q_i K_iᵀ / √d_k), between the
         products and the output.
+    output_projection : bool, default False
+        Carry the picture past the joined heads' outputs: W^O, of shape
+        (h·d_v, d_model) read from the layer, enters the operation Concat W^O (gid
+        ``"op^O"``) from the side, and its product is the layer's output, (T, d_model),
+        a box with gid ``"layer output"``.
 
     Returns
     -------
@@ -107,6 +117,13 @@ def data_flow(
     >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha)
     >>> [t for t in qkv.diagrams.texts_of(figure) if "(" in t][:3]
     ['(5, 12)', '$W^Q$ (12, 3·4)', '(5, 3·4)']
+
+    Through the output projection, to the layer's output:
+
+    >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha, output_projection=True)
+    >>> texts = qkv.diagrams.texts_of(figure)
+    >>> "$W^O$ (3·4, 12)" in texts, "layer's output" in texts, "(5, 12)" in texts
+    (True, True, True)
     """
     require_matplotlib()
     from matplotlib.figure import Figure
@@ -126,6 +143,8 @@ def data_flow(
         if key is not None:
             inputs.insert(1, ("X_K", k2, (1,)))
     T, S = x2.shape[0], k2.shape[0]
+    key_name = "X" if key is None else "X_K"
+    multihead = rf"$\mathrm{{MultiHead}}(X, {key_name}, {'X_V' if value is not None else key_name})$"
     rows = [  # (role, weight, its shape, product, its shape)
         ("q", "W^Q", _shape(weights.embed_dim, f"{h}·{d_k}"), "Q", _shape(T, f"{h}·{d_k}")),
         ("k", "W^K", _shape(weights.kdim, f"{h_kv}·{d_k}"), "K", _shape(S, f"{h_kv}·{d_k}")),
@@ -133,6 +152,9 @@ def data_flow(
     ]
 
     height = 0.75 + 3 * _ROW + 0.25  # room under the products for their strips' label
+    projection_top = height + 0.1  # W^O's row: below the strips' label
+    if output_projection:  # W^O and its operation, a gap, then the layer's output
+        height = projection_top + _PARAM_HEIGHT + _OUT_GAP + _BOX_HEIGHT + 0.15
     figure = Figure(figsize=(_WIDTH, height), dpi=100)
     ax: Axes = figure.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(0, _WIDTH)
@@ -181,7 +203,8 @@ def data_flow(
                            facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=gid)
         )  # fmt: skip
         middle = (top + bottom) / 2
-        title = (label, FONT * 0.9) if gid == "output" else (math(label), FONT * 1.25)  # joined
+        plain = gid in ("output", "layer output")  # joined, or the layer's output: words
+        title = (label, FONT * 0.9) if plain else (math(label), FONT * 1.25)
         lines: list[tuple[str, float, str | None]] = [(*title, None), (shape, FONT * 0.85, None)]
         if gid in names:  # a library's name, smaller where it would overflow the box
             name = names[gid]
@@ -194,6 +217,8 @@ def data_flow(
             lines.append((r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})\,V_i$", FONT * 0.75, None))
         elif gid == "output":
             lines.append((r"joined, before $W^O$", FONT * 0.75, None))
+        elif gid == "layer output":  # the paper's name for it, with this figure's inputs
+            lines.append((multihead, FONT * 0.75, None))
         offsets = {1: [0.0], 2: [-0.14, 0.14], 3: [-0.26, 0.0, 0.24]}[len(lines)]
         if "\n" in lines[-1][0]:  # a name on two lines: everything a little higher
             offsets = [-0.3, -0.08, 0.17]  # clear of the heads' strip
@@ -303,6 +328,19 @@ def data_flow(
     top = row_top(out_row)
     colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
     box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "heads' outputs", out_shape, "output")
+    if output_projection:  # Concat W^O: the joined outputs down, W^O in from the left
+        last, beside = column[columns - 1], column[columns - 2]
+        w_o_shape = _shape(f"{h}·{d_v}", weights.w_o.shape[1])  # (h·d_v, d_model)
+        param(beside, projection_top, ROLE_COLOURS["o"], "W^O", w_o_shape)
+        node_top = projection_top + (_PARAM_HEIGHT - _NODE_HEIGHT) / 2
+        operation_node(last, node_top, ROLE_COLOURS["o"], r"$\mathrm{Concat}\,W^O$", "O")
+        middle = projection_top + _PARAM_HEIGHT / 2
+        arrow(beside + width, middle, last, middle)  # W^O enters from the side
+        arrow(last + width / 2, top + _BOX_HEIGHT, last + width / 2, node_top)  # the heads, joined
+        out_top = projection_top + _PARAM_HEIGHT + _OUT_GAP
+        arrow(last + width / 2, node_top + _NODE_HEIGHT, last + width / 2, out_top)
+        box(last, out_top, out_top + _BOX_HEIGHT, ROLE_COLOURS["o"], "layer's output",
+            _shape(T, weights.w_o.shape[1]), "layer output")  # fmt: skip
     return figure
 
 
