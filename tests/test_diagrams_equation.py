@@ -320,3 +320,24 @@ def test_mask_routes_checks_its_inputs():
         qkv.diagrams.mask_routes({**outputs, "SDPA": torch.ones(5)}, gradients, bias)
     with pytest.raises(ValueError, match=r"bias must have 1 dimensions"):
         qkv.diagrams.mask_routes(outputs, gradients, torch.ones(1, 4))
+
+
+def test_empty_rows_draws_what_a_repair_added_in_a_third_colour():
+    from qkv.diagrams.equation import ADDED_COLOUR
+
+    left = torch.tensor([False, False, True, True])  # (S,): two pads on the left
+    combined = left & qkv.causal_mask(4)  # (T, S): rows 0 and 1 have no key
+    fixed = combined | ~combined.any(-1, keepdim=True)  # empty rows see every key
+    figure = qkv.diagrams.empty_rows({"before": combined, "fixed": fixed}, added={"fixed": fixed & ~combined})
+    colours = cells(figure, "fixed").colours
+    assert [row.count(ADDED_COLOUR) for row in colours] == [4, 4, 0, 0]  # only the empty rows
+    assert colours[3][2:] == [ROLE_COLOURS["k"]] * 2  # a real row keeps the key colour
+    assert not any(ADDED_COLOUR in row for row in cells(figure, "before").colours)
+    labels = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert "added by the repair" in labels
+    plain = qkv.diagrams.empty_rows({"before": combined})
+    assert "added by the repair" not in [t.get_text() for t in plain.legends[0].get_texts()]
+    with pytest.raises(ValueError, match="blocks"):
+        qkv.diagrams.empty_rows({"a": combined}, added={"a": fixed})
+    with pytest.raises(ValueError, match="does not have"):
+        qkv.diagrams.empty_rows({"a": combined}, added={"b": combined})

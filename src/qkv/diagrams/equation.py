@@ -96,6 +96,10 @@ def _boolean_matrix(name: str, value: object, expected: str, *, square: bool = F
 #: The colour of a cell that holds NaN: black, never a weight's or a key's colour.
 NAN_COLOUR = "#000000"
 
+#: The colour of a key a repair added to a mask (Okabe and Ito's sky blue): not a
+#: role's colour, distinct from the key colour for the common colour-vision deficiencies.
+ADDED_COLOUR = "#56B4E9"
+
 
 def _mask_cell(ax: Axes, row: int, column: int, colour: str, *, hatched: bool, gid: str) -> None:
     """One cell of a mask grid: its colour, hatched where the mask blocks it."""
@@ -764,6 +768,7 @@ def empty_rows(
     title: str | None = None,
     padding: Mapping[str, torch.Tensor] | None = None,
     key_padding: Mapping[str, torch.Tensor] | None = None,
+    added: Mapping[str, torch.Tensor] | None = None,
 ) -> Figure:
     """Combined (T, S) masks side by side, each query row that has no key left framed.
 
@@ -788,6 +793,11 @@ def empty_rows(
         For the panels it names, True where key s is a padding token: its column's
         label on the x axis reads ``"s"`` over ``"pad"``, so a reader sees which keys a
         row reads (an inverted mask lets real queries read padding only).
+    added : mapping of str to Tensor of bool, shape (T, S), optional
+        For the panels it names, True where a repair let a query use a key its
+        original mask blocked: those cells are drawn in a third colour, so a reader
+        sees what the repair added and which rows it left alone. Each must lie within
+        its panel's mask.
 
     Returns
     -------
@@ -825,6 +835,16 @@ def empty_rows(
     T, S = next(iter(grids.values())).shape
     pads = _padding_flags("padding", padding, grids, T, "(T,)")
     key_pads = _padding_flags("key_padding", key_padding, grids, S, "(S,)")
+    additions: dict[str, torch.Tensor] = {}
+    for name, given in (added or {}).items():
+        if name not in grids:
+            raise ValueError(f"added names a panel {name!r} that masks does not have")
+        extra = _boolean_matrix(f"added[{name!r}]", given, "a boolean tensor (T, S)")
+        if tuple(extra.shape) != (T, S):
+            raise ValueError(f"added[{name!r}] must have shape ({T}, {S}), got {shape_str(extra.shape)}")
+        if (extra & ~grids[name]).any():
+            raise ValueError(f"added[{name!r}] marks cells that masks[{name!r}] blocks")
+        additions[name] = extra
     columns = 2 if len(grids) > 3 else len(grids)  # four panels: two rows of two
     grid_rows = -(-len(grids) // columns)
     figure = Figure(
@@ -840,6 +860,8 @@ def empty_rows(
             for s in range(S):
                 is_open = bool(grid[t, s])
                 colour = ROLE_COLOURS["k"] if is_open else MASKED_COLOUR
+                if name in additions and bool(additions[name][t, s]):
+                    colour = ADDED_COLOUR  # a key the repair let this query use
                 _mask_cell(ax, t, s, colour, hatched=not is_open, gid=f"{name}:{t}:{s}")
                 colours[-1].append(colour)
             if not grid[t].any():
@@ -879,7 +901,13 @@ def empty_rows(
             (0, 0), 1, 1, facecolor="none", edgecolor=NAN_COLOUR, linewidth=2.5, label="a row with no key"
         ),
     ]
-    figure.legend(handles=legend, loc="outside lower center", ncols=3, fontsize=FONT - 2, frameon=False)
+    if any(extra.any() for extra in additions.values()):
+        repair = Rectangle(
+            (0, 0), 1, 1, facecolor=ADDED_COLOUR, edgecolor=EDGE_COLOUR, label="added by the repair"
+        )
+        legend.insert(1, repair)
+    ncols = 2 if len(legend) > 3 else 3  # four entries: two rows of two
+    figure.legend(handles=legend, loc="outside lower center", ncols=ncols, fontsize=FONT - 2, frameon=False)
     if title:
         figure.suptitle(title, fontsize=FONT)
     return figure
