@@ -96,8 +96,10 @@ def test_reshape_right_keeps_each_head_whole_and_wrong_mixes_it():
         assert numbers(figure, f"right.position{t}") == [[str(t - 1)] * d_k] * h
         assert grid(figure, f"right.position{t}") == [[HEADS[i]] * d_k for i in range(h)]
     texts = texts_of(figure)
-    for shape in ("(2, 5, 6)", "(2, 5, 3, 2)", "(2, 3, 5, 2)"):
+    for shape in ("(5, 6)", "(5, 3, 2)", "(3, 5, 2)"):  # the drawn sequence's shapes
         assert shape in texts, shape
+    for shape in ("(2, 5, 6)", "(2, 5, 3, 2)", "(2, 3, 5, 2)"):  # not the batch's
+        assert shape not in texts, shape
     assert any(t.startswith("Right:") for t in texts) and any(t.startswith("Wrong:") for t in texts)
     # The input: feature column c belongs to head c // d_k, row t is position t.
     assert grid(figure, "wrong.input") == [[HEADS[c // d_k] for c in range(h * d_k)]] * T

@@ -273,7 +273,9 @@ def test_the_output_projection_carries_the_picture_through_w_o_to_the_layer_outp
         )
         texts = texts_of(figure)
         assert "$W^O$ (3·2, 12)" in texts and "layer's output" in texts and "(4, 12)" in texts
-        assert r"$\mathrm{Concat}\,W^O$" in texts and r"$\mathrm{MultiHead}(X, X, X)$" in texts
+        assert r"$\times\,W^O$" in texts and r"$\mathrm{MultiHead}(X, X, X)$" in texts
+        assert not [t for t in texts if "Concat" in t]  # the box above is already joined
+        assert len(qkv.diagrams.patches_by_gid(figure, "heads:output")) == 3  # its strip
         assert _edge(figure, "W^O") == _edge(figure, "layer output") == ROLE_COLOURS["o"].lower()
         assert _arrows_into(figure, "op^O") == 2  # the joined heads from above, W^O from the side
         assert _arrows_into(figure, "layer output") == 1

@@ -248,7 +248,8 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
     few positions. The cells are computed by applying both reshapes to a tensor
     of codes (position · h + head), so the picture is what torch does. A 3-D
     tensor is drawn as its slices along the first axis after the batch,
-    stacked; of the batch, the first sequence is drawn.
+    stacked; of the batch, the first sequence is drawn, labelled with its own
+    shape, (T, h·d_k) and so on, while the code on the arrows names the batch's axes.
 
     Parameters
     ----------
@@ -360,22 +361,22 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
                     weight="bold")  # fmt: skip
         middle = top + stack_height / 2
         grid(x_input, middle - T / 2, codes[0], f"{name}.input")
-        axes(x_input, middle - T / 2, h * d, T, "(B, T, h·d_k)", codes.shape)
+        axes(x_input, middle - T / 2, h * d, T, "(T, h·d_k)", codes.shape[1:])  # one sequence
         arrow_gap = canvas.inch(0.05)
         if name == "right":
             canvas.arrow(x_input + h * d + arrow_gap, middle, x_middle - arrow_gap, middle,
                          label=".view(B, T, h, d_k)")  # fmt: skip
             stack(x_middle, top, split[0], slice_gap, "right.position", None)
-            axes(x_middle, top, d, stack_height, "(B, T, h, d_k)", split.shape)
+            axes(x_middle, top, d, stack_height, "(T, h, d_k)", split.shape[1:])
             canvas.arrow(x_middle + d + arrow_gap, middle, x_heads - arrow_gap, middle,
                          label=".transpose(1, 2)")  # fmt: skip
             stack(x_heads, top, right[0], head_gap, "right.head", "head")
-            axes(x_heads, top, d, stack_height, "(B, h, T, d_k)", right.shape)
+            axes(x_heads, top, d, stack_height, "(h, T, d_k)", right.shape[1:])
         else:
             canvas.arrow(x_input + h * d + arrow_gap, middle, x_heads - arrow_gap, middle,
                          label=".view(B, h, T, d_k)")  # fmt: skip
             stack(x_heads, top, jumbled[0], head_gap, "wrong.head", "“head”")
-            axes(x_heads, top, d, stack_height, "(B, h, T, d_k)", jumbled.shape)
+            axes(x_heads, top, d, stack_height, "(h, T, d_k)", jumbled.shape[1:])
     return canvas.fit()
 
 

@@ -77,9 +77,10 @@ def data_flow(
     cross-attention. With ``attention_weights=True`` a fifth column draws the
     attention weights, (h, T, S): only Q and K reach them ("where to look"), and V
     goes past them to the output ("what to hand over"). The heads' outputs are joined
-    (Concat) in one box. With ``output_projection=True`` the figure goes on below it:
-    the joined outputs pass through the output projection W^O, which enters its
-    operation from the side as the other weights do, to the layer's output,
+    (Concat) in one box. With ``output_projection=True`` that box carries the heads'
+    strip, as Q, K and V do, and the figure goes on below it: the joined outputs are
+    multiplied by the output projection W^O (the operation × W^O), which enters from
+    the side as the other weights do, to the layer's output,
     (T, d_model); without it, the figure stops at the joined outputs, before W^O.
 
     Parameters
@@ -102,9 +103,10 @@ def data_flow(
         products and the output.
     output_projection : bool, default False
         Carry the picture past the joined heads' outputs: W^O, of shape
-        (h·d_v, d_model) read from the layer, enters the operation Concat W^O (gid
-        ``"op^O"``) from the side, and its product is the layer's output, (T, d_model),
-        a box with gid ``"layer output"``.
+        (h·d_v, d_model) read from the layer, enters the operation × W^O (gid
+        ``"op^O"``) from the side: the box above it is already the joined heads, with
+        their strip (gid ``"heads:output"``). Its product is the layer's output,
+        (T, d_model), a box with gid ``"layer output"``.
 
     Returns
     -------
@@ -220,8 +222,8 @@ def data_flow(
         elif gid == "layer output":  # the paper's name for it, with this figure's inputs
             lines.append((multihead, FONT * 0.75, None))
         offsets = {1: [0.0], 2: [-0.14, 0.14], 3: [-0.26, 0.0, 0.24]}[len(lines)]
-        if "\n" in lines[-1][0]:  # a name on two lines: everything a little higher
-            offsets = [-0.3, -0.08, 0.17]  # clear of the heads' strip
+        if "\n" in lines[-1][0] or (gid == "output" and output_projection):  # a strip below
+            offsets = [-0.3, -0.08, 0.15]  # everything a little higher, clear of the strip
         for (text, size, family), offset in zip(lines, offsets, strict=True):
             ax.text(x0 + width / 2, middle + offset, text, ha="center", va="center", fontsize=size,
                     color=TEXT_COLOUR, family=family)  # fmt: skip
@@ -328,12 +330,13 @@ def data_flow(
     top = row_top(out_row)
     colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
     box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "heads' outputs", out_shape, "output")
-    if output_projection:  # Concat W^O: the joined outputs down, W^O in from the left
+    if output_projection:  # × W^O: the joined outputs down, W^O in from the left
         last, beside = column[columns - 1], column[columns - 2]
+        head_strip(last, top + _BOX_HEIGHT, h, "output")  # the heads, joined side by side
         w_o_shape = _shape(f"{h}·{d_v}", weights.w_o.shape[1])  # (h·d_v, d_model)
         param(beside, projection_top, ROLE_COLOURS["o"], "W^O", w_o_shape)
         node_top = projection_top + (_PARAM_HEIGHT - _NODE_HEIGHT) / 2
-        operation_node(last, node_top, ROLE_COLOURS["o"], r"$\mathrm{Concat}\,W^O$", "O")
+        operation_node(last, node_top, ROLE_COLOURS["o"], r"$\times\,W^O$", "O")
         middle = projection_top + _PARAM_HEIGHT / 2
         arrow(beside + width, middle, last, middle)  # W^O enters from the side
         arrow(last + width / 2, top + _BOX_HEIGHT, last + width / 2, node_top)  # the heads, joined
