@@ -43,7 +43,10 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
         assert f"${label}$" in texts, label
     assert "$K$" in texts and "$W^K$" in texts  # K is drawn apart from key=enc_output
     rows = sorted(t for t in texts if t.startswith("rows: "))  # query, key, value, output
-    assert rows == ["rows: source positions"] * 2 + ["rows: target positions"] * 2
+    assert rows == ["rows: N target positions"] + ["rows: source positions"] * 2 + [
+        "rows: target positions"
+    ] * 2  # the scores' rows, then the inputs' and the output's
+    assert "columns: M source positions" in texts  # the scores' columns: one per key
     title = figure.axes[0].get_title() + " ".join(t.get_text() for t in figure.texts)
     assert "Addons" not in title and "O: head size" in title  # W^O is H × O × I
     legend = next(t for t in texts if t.startswith("N: query's positions"))

@@ -60,7 +60,8 @@ def cross_attention_shapes(
     Three rows project the inputs, ``query (N × I) · W^Q (I × H × O) = Q (N × H × O)``
     and ``memory (M × I′) · W^K = K``, ``· W^V = V`` (each ``M × H × O``), with white
     lines between the heads; Q and K meet in the ``H × N × M`` scores, drawn as a stack
-    of N × M maps; the softmaxed scores weight an average of V's rows into ``heads (N × H × O)``, and ``W^O
+    of N × M maps whose rows and columns are labelled (N target positions, M source
+    positions); the softmaxed scores weight an average of V's rows into ``heads (N × H × O)``, and ``W^O
     (H × O × I)``, its head blocks of O rows split by white lines, maps them back to the
     query's ``I`` features, as wide as the query. The learned weights (W^Q, W^K, W^V,
     W^O; each layer has its own) are drawn in strong colours, the data in grey (inputs,
@@ -227,6 +228,9 @@ def cross_attention_shapes(
                 r"$Q K^\top / \sqrt{O}$ per head", va="bottom", size=1.05)  # fmt: skip
     canvas.text(scores["x"], scores["bottom"] + canvas.inch(0.05), f"H × N × M = {shape_str((H, N, M))}",
                 ha="left", va="top", size=0.8)  # fmt: skip  # left-aligned: clear of K's arrow
+    for n, (axis, what) in enumerate((("rows", "N target positions"), ("columns", "M source positions"))):
+        canvas.text(scores["x"], scores["bottom"] + canvas.inch(0.21 + 0.16 * n), f"{axis}: {what}",
+                    ha="left", va="top", size=0.8, gid=f"scores:{axis}")  # fmt: skip
     q_box, k_box, v_box = boxes["Q"], boxes["K"], boxes["V"]
     canvas.arrow(q_box["right"], q_box["y"] + N / 2, x_s, s_top + N / 2)
     canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s, s_top + 0.85 * N)  # ends on the block
@@ -256,11 +260,11 @@ def cross_attention_shapes(
     into = top - canvas.inch(0.3)  # just above the heads' label
     bend = top - canvas.inch(0.5)
     x_line = x_s + 0.75 * M
-    canvas.ax.plot([x_line, x_line, heads["x"] + HO / 2], [scores["bottom"] + canvas.inch(0.3), bend, bend],
+    canvas.ax.plot([x_line, x_line, heads["x"] + HO / 2], [scores["bottom"] + canvas.inch(0.62), bend, bend],
                    color="#333333", linewidth=1.0)  # fmt: skip
     canvas.arrow(heads["x"] + HO / 2, bend, heads["x"] + HO / 2, into)
     canvas.arrow(v_box["x"] + HO / 2, v_box["bottom"] + canvas.inch(0.3), v_box["x"] + HO / 2, bend)
-    canvas.text(x_line + canvas.inch(0.08), (scores["bottom"] + bend) / 2,
+    canvas.text(x_line + canvas.inch(0.08), (scores["bottom"] + canvas.inch(0.62) + bend) / 2,
                 "softmax over M,\nthen a weighted\naverage of V's rows", ha="left", size=0.8)  # fmt: skip
     return canvas.fit()
 
