@@ -196,7 +196,9 @@ def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_hea
         assert contrast_ratio(label.get_color(), HEAD_COLOURS[int(label.get_text()) - 1]) >= 4.5
     many = qkv.diagrams.data_flow(torch.randn(4, 48), qkv.MultiHeadAttention(48, 12), attention_weights=True)
     assert not [t for t in many.axes[0].texts if (t.get_gid() or "").startswith("head-number:")]  # no room
-    assert "strips: heads 1 to 12, 4 columns each" in texts_of(many)
+    # 12 heads: too narrow for digits, and head 10 takes head 1's colour: the label says so
+    assert "strips: heads 1 to 12, 4 columns each (colours repeat after 9)" in texts_of(many)
+    assert "strips: heads 1 to 3, 4 columns each" in texts  # 3 heads: no colour repeats
     assert r"$(h, T, S)$: $T \times S$ per head" in texts and "(3, 4, 4)" in texts
     plain = texts_of(qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True))
     assert "operations" in plain and "$XW^Q$" in plain  # unnamed, the node shows its formula
@@ -296,3 +298,51 @@ def test_without_the_output_projection_the_picture_stops_before_w_o():
         for gid in ("W^O", "op^O", "layer output"):
             assert qkv.diagrams.patches_by_gid(figure, gid) == []
         assert figure.get_size_inches()[1] < 4.5  # the same height as before the option
+
+
+def test_the_paper_letters_are_written_under_the_columns_they_name_and_only_when_asked():
+    # paper=True: a band under the strips says what texts call Q, K, V: the paper's
+    # MultiHead inputs under X, the loose use under the weights, one head's products
+    # (equation 1's Q, K, V) under the products
+    mha = qkv.MultiHeadAttention(12, 3)
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, paper=True)
+    texts = texts_of(figure)
+    for line in (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", "$Q = K = V = X$",
+                 "are these weights", "(a loose use)", r"$\mathrm{Attention}(Q, K, V)$",
+                 "(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$"):  # fmt: skip
+        assert line in texts, line
+    (ax,) = figure.axes
+    (strips,) = [t for t in ax.texts if t.get_gid() == "heads-label"]
+    for gid, under in (("paper:X", "X"), ("paper:W", "W^V"), ("paper:Q", "V")):
+        notes = [t for t in ax.texts if t.get_gid() == gid]
+        (patch,) = qkv.diagrams.patches_by_gid(figure, under)
+        assert len(notes) == 3
+        for note in notes:  # centred under its column, below the strips' label (y grows down)
+            x, y = note.get_position()
+            assert x == pytest.approx(patch.get_x() + patch.get_width() / 2)
+            assert y > strips.get_position()[1] > patch.get_y() + patch.get_height()
+    assert figure.get_size_inches()[0] <= 7.0
+    plain = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True)
+    assert not [t for t in plain.axes[0].texts if (t.get_gid() or "").startswith("paper")]
+    assert "are these weights" not in texts_of(plain)
+    assert figure.get_size_inches()[1] > plain.get_size_inches()[1] == pytest.approx(4.36)
+    cross = qkv.diagrams.data_flow(torch.randn(3, 12), mha, key=torch.randn(5, 12), paper=True)
+    assert r"$Q = X,\ K = V = X_K$" in texts_of(cross)  # cross-attention: the inputs differ
+
+
+def test_tied_preference_reach_and_shade_show_more_of_the_half_plane_and_default_as_before():
+    from matplotlib.colors import to_rgba
+
+    queries = torch.tensor([[1.0, 0.6], [1.9, 0.4], [-0.2, 1.5]])  # (T, 2): q_1 the longest
+    longest = float(queries.norm(dim=-1).max())
+    plain = qkv.diagrams.tied_preference(queries, token=1)
+    wide = qkv.diagrams.tied_preference(queries, token=1, reach=1.6, shade=0.25)
+    for figure, reach, shade in ((plain, 1.25, 0.12), (wide, 1.6, 0.25)):
+        (ax,) = figure.axes
+        assert ax.get_xlim() == pytest.approx((-reach * longest, reach * longest))
+        region = {p.get_gid(): p for p in ax.patches}["prefers"]
+        assert region.get_facecolor() == pytest.approx(to_rgba(ROLE_COLOURS["k"], shade))
+    with pytest.raises(ValueError, match="reach must be more than 1"):
+        qkv.diagrams.tied_preference(queries, reach=1.0)
+    with pytest.raises(ValueError, match="shade must be an opacity"):
+        qkv.diagrams.tied_preference(queries, shade=0)

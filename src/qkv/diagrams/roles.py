@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
     FONT,
+    HEAD_COLOURS,
     ROLE_COLOURS,
     TEXT_COLOUR,
     head_colour,
@@ -46,6 +47,7 @@ _OP_GAP = 0.8
 _ROW, _BOX_HEIGHT = 1.12, 0.94  # a row's height and a box's
 _PARAM_HEIGHT, _NODE_TOP, _NODE_HEIGHT = 0.42, 0.55, 0.36  # in a row, from its box's top
 _OUT_GAP = 0.3  # from W^O's operation down to the layer's output
+_PAPER_BAND = 0.9  # paper=True: a header and three lines of notes under the columns
 
 
 def _shape(*sizes: int | str) -> str:
@@ -61,6 +63,7 @@ def data_flow(
     code: Mapping[str, str] | None = None,
     attention_weights: bool = False,
     output_projection: bool = False,
+    paper: bool = False,
 ) -> Figure:
     """Input, learned weights and products: X → (X W^Q + b^Q, W^Q entering from the side) → Q → attention.
 
@@ -107,6 +110,14 @@ def data_flow(
         ``"op^O"``) from the side: the box above it is already the joined heads, with
         their strip (gid ``"heads:output"``). Its product is the layer's output,
         (T, d_model), a box with gid ``"layer output"``.
+    paper : bool, default False
+        Write what texts call Q, K and V under the columns, in a band below the
+        strips (gid ``"paper:X"``, ``"paper:W"``, ``"paper:Q"`` for the three
+        notes): under the input, the paper's MultiHead(Q, K, V), whose Q, K, V are
+        the layer's inputs (all X in self-attention); under the weights, that some
+        texts loosely call them Q, K, V; under the products, the paper's
+        Attention(Q, K, V) (its equation 1) inside head i, whose Q, K, V are strip i
+        of each product. The figure grows by the band; without it, nothing changes.
 
     Returns
     -------
@@ -126,6 +137,12 @@ def data_flow(
     >>> texts = qkv.diagrams.texts_of(figure)
     >>> "$W^O$ (3·4, 12)" in texts, "layer's output" in texts, "(5, 12)" in texts
     (True, True, True)
+
+    With what texts call Q, K and V written under the columns:
+
+    >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha, paper=True)
+    >>> "$Q = K = V = X$" in qkv.diagrams.texts_of(figure)
+    True
     """
     require_matplotlib()
     from matplotlib.figure import Figure
@@ -154,7 +171,10 @@ def data_flow(
     ]
 
     height = 0.75 + 3 * _ROW + 0.25  # room under the products for their strips' label
-    projection_top = height + 0.1  # W^O's row: below the strips' label
+    band_top = height + 0.05  # what texts call Q, K, V (paper=True): below the strips' label
+    if paper:
+        height = band_top + _PAPER_BAND
+    projection_top = height + 0.1  # W^O's row: below the strips' label (and the band)
     if output_projection:  # W^O and its operation, a gap, then the layer's output
         height = projection_top + _PARAM_HEIGHT + _OUT_GAP + _BOX_HEIGHT + 0.15
     figure = Figure(figsize=(_WIDTH, height), dpi=100)
@@ -312,8 +332,31 @@ def data_flow(
         if (h, d_k) == (h_kv, d_v)
         else f"strips: {h} heads ($Q$), {h_kv} ($K$, $V$), one cell per head"
     )
+    if max(h, h_kv) > len(HEAD_COLOURS):  # too many for a colour each, and too narrow for a digit
+        strips += f" (colours repeat after {len(HEAD_COLOURS)})"
     ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
             fontsize=FONT * 0.72, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
+    if paper:  # what texts call Q, K, V: one note under each column it names
+        ax.plot([column[0], column[2] + width], [band_top + 0.02] * 2, color=EDGE_COLOUR, linewidth=0.6,
+                linestyle=":")  # fmt: skip
+        ax.text(column[0], band_top + 0.16, "what texts call $Q$, $K$, $V$:", ha="left", va="center",
+                fontsize=FONT * 0.78, weight="bold", color=TEXT_COLOUR, gid="paper-header")  # fmt: skip
+        value_name = "X_V" if value is not None else key_name
+        letters = rf"$Q = X,\ K = {key_name},\ V = {value_name}$"  # cross-attention: the inputs differ
+        if self_attention:
+            letters = "$Q = K = V = X$"
+        elif key_name == value_name:
+            letters = rf"$Q = X,\ K = V = {key_name}$"
+        head_i = ("(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$")
+        notes: tuple[tuple[int, tuple[str, str, str], str], ...] = (  # (column, its lines, gid)
+            (0, (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", letters), "paper:X"),
+            (1, ("some texts: $Q$, $K$, $V$", "are these weights", "(a loose use)"), "paper:W"),
+            (2, (r"$\mathrm{Attention}(Q, K, V)$", *head_i), "paper:Q"),  # one head's products
+        )
+        for i, note, gid in notes:
+            for line, offset in zip(note, (0.38, 0.55, 0.72), strict=True):
+                ax.text(column[i] + width / 2, band_top + offset, line, ha="center", va="center",
+                        fontsize=FONT * 0.68, color=TEXT_COLOUR, gid=gid)  # fmt: skip
     if attention_weights:
         box(column[3], row_top(0.5), row_top(0.5) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "A",
             _shape(h, T, S), "A")  # fmt: skip
@@ -353,6 +396,8 @@ def tied_preference(
     token: int | Sequence[int] = 0,
     names: Sequence[str] | None = None,
     title: str | None = None,
+    reach: float = 1.25,
+    shade: float = 0.12,
 ) -> Figure:
     """Why one matrix for queries and keys keeps a token on itself: the circle picture.
 
@@ -375,6 +420,12 @@ def tied_preference(
         One label per query; default ``"q_1"``, ``"q_2"``, ... (positions from 1).
     title : str, optional
         The figure's title: say what to look at.
+    reach : float, default 1.25
+        How far the axes reach from 0, as a multiple of the longest query's length.
+        The longest query's half-plane starts at its own length, so a larger reach
+        shows more of it.
+    shade : float, default 0.12
+        The opacity of the shaded half-plane, from 0 to 1.
 
     Returns
     -------
@@ -422,11 +473,15 @@ def tied_preference(
     for t in tokens:
         if float(points[t].norm()) == 0.0:
             raise ValueError("the chosen token's query is zero: it has no circle to draw")
-    reach = 1.25 * float(points.norm(dim=-1).max())
+    if reach <= 1:
+        raise ValueError(f"reach must be more than 1, so the longest query fits, got {reach}")
+    if not 0 < shade <= 1:
+        raise ValueError(f"shade must be an opacity in (0, 1], got {shade}")
+    extent = reach * float(points.norm(dim=-1).max())
     figure = Figure(figsize=(4.6 * len(tokens) - 0.4 * (len(tokens) - 1), 4.8), dpi=100, layout="constrained")
     axes = figure.subplots(1, len(tokens), squeeze=False)[0]
     for ax, t in zip(axes, tokens, strict=True):
-        _tied_panel(ax, points, t, labels, reach)
+        _tied_panel(ax, points, t, labels, extent, shade)
         if len(tokens) > 1:
             ax.set_title(f"{math(labels[t])}'s circle", fontsize=FONT + 1)
     if title is not None:
@@ -437,7 +492,9 @@ def tied_preference(
     return figure
 
 
-def _tied_panel(ax: Axes, points: torch.Tensor, token: int, labels: list[str], reach: float) -> None:
+def _tied_panel(
+    ax: Axes, points: torch.Tensor, token: int, labels: list[str], reach: float, shade: float
+) -> None:
     """Draw one token's circle, its half-plane and every query's arrow on ``ax``."""
     import torch
     from matplotlib.colors import to_rgba
@@ -451,7 +508,7 @@ def _tied_panel(ax: Axes, points: torch.Tensor, token: int, labels: list[str], r
     corners.append(q_t - far * across)
     ax.add_patch(
         Polygon(
-            [tuple(c.tolist()) for c in corners], closed=True, facecolor=to_rgba(ROLE_COLOURS["k"], 0.12),
+            [tuple(c.tolist()) for c in corners], closed=True, facecolor=to_rgba(ROLE_COLOURS["k"], shade),
             edgecolor=ROLE_COLOURS["k"], linestyle="--", linewidth=1.4, gid="prefers",
             label=f"{math(labels[token])} prefers these to itself",
         )
