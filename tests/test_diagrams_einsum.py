@@ -61,6 +61,29 @@ def test_every_block_is_drawn_to_scale_with_its_letters():
     assert any(t.startswith("next, the decoder\n(not this layer) adds") for t in texts)
 
 
+def test_paper_letters_name_the_inputs_as_the_papers_q_k_and_v():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
+    query, memory = torch.randn(4, 10), torch.randn(7, 6)
+    plain = cross_attention_shapes(layer, query, memory, memory_name="enc_output")
+    paper = cross_attention_shapes(layer, query, memory, memory_name="enc_output", paper_letters=True)
+    texts, plain_texts = texts_of(paper), texts_of(plain)
+    for letter in "QKV":  # the input is the paper's K; the product is its K W^K
+        assert f"the paper's {letter}" in texts and f"the paper's {letter}" not in plain_texts
+        assert f"${letter}W^{letter}$" in texts and f"${letter}$" not in texts
+        assert f"${letter}$" in plain_texts  # the default: Keras's K, the product
+    assert r"$QW^Q (KW^K)^\top / \sqrt{O}$ per head" in texts  # the scores, in the same letters
+    assert r"$Q K^\top / \sqrt{O}$ per head" in plain_texts
+    assert "average of $VW^V$'s rows" in " ".join(texts)
+    assert r"$\mathtt{key{=}enc\_output}$" in texts  # the keyword is still the input's name
+    label = next(t for t in paper.axes[0].texts if t.get_gid() == "K:paper")
+    (x0, y0), (rows, cols) = cells(paper, "K:input").corner, shape_of(paper, "K:input")
+    x, y = label.get_position()
+    assert x0 < x < x0 + cols and y0 < y < y0 + rows  # written on the key input itself
+    for name in matrix_names(plain):  # the same blocks, the same sizes: only names change
+        assert cells(paper, name) == cells(plain, name), name
+    assert tuple(paper.get_size_inches()) == tuple(plain.get_size_inches())
+
+
 def test_only_the_learned_weights_are_strong():
     layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
     figure = cross_attention_shapes(layer, torch.randn(4, 10), torch.randn(7, 6))

@@ -54,6 +54,7 @@ def cross_attention_shapes(
     query_name: str = "query",
     memory_name: str = "memory",
     title: str | None = None,
+    paper_letters: bool = False,
 ) -> Figure:
     """One cross-attention layer to scale, each block named by its einsum letters.
 
@@ -96,6 +97,14 @@ def cross_attention_shapes(
         ``key=enc_output`` and ``value=enc_output``.
     title : str, optional
         A title; the default says what the picture shows.
+    paper_letters : bool, default False
+        Name the blocks as the paper's ``MultiHead(Q, K, V)`` does, whose Q, K and V
+        are the layer's inputs and whose heads use ``Q W_i^Q``, ``K W_i^K`` and
+        ``V W_i^V``: each input block is marked ``the paper's K`` (Q, V), under its
+        keyword, the products read ``QW^Q``, ``KW^K`` and ``VW^V``, the scores
+        ``QW^Q (KW^K)ᵀ/√O`` and V's average ``VW^V``'s. The blocks and sizes are the
+        same either way. The default names the products Q, K and V, as Keras's code
+        does (``key = self._key_dense(key)``), and draws what it drew before.
 
     Returns
     -------
@@ -204,6 +213,10 @@ def cross_attention_shapes(
             x_in, top, length, features, ROLE_COLOURS["x"], label=name, gid=f"{letter}:input"
         )
         caption(box, l_in, s_in, "target positions" if letter == "Q" else "source positions")
+        if paper_letters:  # the input is what the paper's MultiHead(Q, K, V) calls Q, K or V
+            canvas.text(box["x"] + features / 2, top + length / 2, f"the paper's {letter}", size=0.8,
+                        gid=f"{letter}:paper", bbox={"boxstyle": "round,pad=0.2", "facecolor": "#FFFFFF",
+                                                     "edgecolor": "none", "alpha": 0.85})  # fmt: skip
         canvas.operator(x_w - gap / 2, middle, "×")
         box = canvas.matrix(
             x_w, top, features, HO, ROLE_COLOURS[role], label=f"W^{letter}", gid=f"W^{letter}"
@@ -211,7 +224,8 @@ def cross_attention_shapes(
         dividers(box)
         caption(box, l_w, s_w)
         canvas.operator(x_p - gap / 2, middle, "=")
-        box = canvas.matrix(x_p, top, length, HO, ROLE_COLOURS[role], label=letter, gid=letter,
+        product = f"{letter}W^{letter}" if paper_letters else letter  # the paper's K W^K, or K
+        box = canvas.matrix(x_p, top, length, HO, ROLE_COLOURS[role], label=product, gid=letter,
                             alpha=_DATA_ALPHA)  # data: pale
         dividers(box)
         caption(box, l_out, s_out)
@@ -224,8 +238,12 @@ def cross_attention_shapes(
         canvas.matrix(x_s + j * stack, s_top - j * stack, N, M, "#F5D08A", grid=False, gid=f"scores:head{j}",
                       alpha=_DATA_ALPHA)  # fmt: skip
     scores = canvas.matrix(x_s, s_top, N, M, ROLE_COLOURS["weights"], gid="scores", alpha=_DATA_ALPHA)
-    canvas.text(x_s + (M + (H - 1) * stack) / 2, s_top - (H - 1) * stack - canvas.inch(0.06),
-                r"$Q K^\top / \sqrt{O}$ per head", va="bottom", size=1.05)  # fmt: skip
+    if paper_letters:  # longer than the stack is wide: it starts at the stack, clear of QW^Q
+        canvas.text(x_s, s_top - (H - 1) * stack - canvas.inch(0.06),
+                    r"$QW^Q (KW^K)^\top / \sqrt{O}$ per head", ha="left", va="bottom", size=1.05)  # fmt: skip
+    else:
+        canvas.text(x_s + (M + (H - 1) * stack) / 2, s_top - (H - 1) * stack - canvas.inch(0.06),
+                    r"$Q K^\top / \sqrt{O}$ per head", va="bottom", size=1.05)  # fmt: skip
     canvas.text(scores["x"], scores["bottom"] + canvas.inch(0.05), f"H × N × M = {shape_str((H, N, M))}",
                 ha="left", va="top", size=0.8)  # fmt: skip  # left-aligned: clear of K's arrow
     for n, (axis, what) in enumerate((("rows", "N target positions"), ("columns", "M source positions"))):
@@ -265,7 +283,8 @@ def cross_attention_shapes(
     canvas.arrow(heads["x"] + HO / 2, bend, heads["x"] + HO / 2, into)
     canvas.arrow(v_box["x"] + HO / 2, v_box["bottom"] + canvas.inch(0.3), v_box["x"] + HO / 2, bend)
     canvas.text(x_line + canvas.inch(0.08), (scores["bottom"] + canvas.inch(0.62) + bend) / 2,
-                "softmax over M,\nthen a weighted\naverage of V's rows", ha="left", size=0.8)  # fmt: skip
+                "softmax over M,\nthen a weighted\naverage of " + ("$VW^V$" if paper_letters else "V")
+                + "'s rows", ha="left", size=0.8)  # fmt: skip
     return canvas.fit()
 
 
