@@ -78,6 +78,29 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     assert "mask[:, None, None, :]" in figure.axes[0].get_title()  # the shape SDPA takes
 
 
+def test_mask_conventions_can_leave_out_hugging_face_and_centre_the_mistake():
+    mask = qkv.padding_mask([2, 4], 4)[:, 0, 0]  # (B, S), True = may attend
+    weights = torch.tensor([[0.0, 0.0, 0.5, 0.5], [math.nan] * 4])
+    figure = qkv.diagrams.mask_conventions(mask, weights, hugging_face=False)
+    assert len(figure.axes) == 3  # no Hugging Face panel, and no empty fourth slot
+    with pytest.raises(KeyError):
+        cells(figure, "hugging face")
+    assert cells(figure, "sdpa").text[0] == ["T", "T", "F", "F"]  # the others as before
+    assert cells(figure, "inverted").text[1] == ["NaN"] * 4
+    sdpa_title = figure.axes[0].get_title()
+    assert "Hugging Face's attention_mask" in sdpa_title and ".bool()" in sdpa_title
+    assert "mask[:, None, None, :]" in sdpa_title
+    figure.draw_without_rendering()  # constrained layout places the axes at draw time
+    top, right, mistake = (ax.get_position() for ax in figure.axes)
+    assert mistake.y1 < min(top.y0, right.y0)  # the mistake below both conventions
+    centre = (top.x0 + right.x1) / 2  # centred under the two
+    assert abs((mistake.x0 + mistake.x1) / 2 - centre) < 0.02
+    assert mistake.width == pytest.approx(top.width, rel=0.05)  # the same cell size
+    default = qkv.diagrams.mask_conventions(mask, weights)  # the default: unchanged
+    assert len([ax for ax in default.axes if ax.axison]) == 4
+    assert cells(default, "hugging face").text[0] == ["1", "1", "0", "0"]
+
+
 def test_mask_conventions_labels_read_at_4_5_to_1_on_their_cells():
     """WCAG AA for text: white on the key colour was 3.87:1; each label now reads at 4.5:1."""
     from qkv.diagrams._draw import contrast_ratio

@@ -496,7 +496,11 @@ def output_hull(
 
 
 def mask_conventions(
-    may_attend: torch.Tensor, weights: torch.Tensor | None = None, *, title: str | None = None
+    may_attend: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    *,
+    title: str | None = None,
+    hugging_face: bool = True,
 ) -> Figure:
     """One padded batch's key mask in each library's convention, and a query's weights when it is inverted.
 
@@ -511,6 +515,9 @@ def mask_conventions(
     ``key_padding_mask``: the blocks fall on the real tokens, and a sequence with no
     padding has no key left, which the panel writes as NaN. A legend
     under the panels names the three fills: a key a query may use, blocked, NaN.
+    With ``hugging_face=False`` the Hugging Face panel, SDPA's pattern written as 1
+    and 0, is left out and SDPA's heading names Hugging Face's ``.bool()`` instead:
+    the two conventions side by side, and the mistake's panel centred under them.
 
     Parameters
     ----------
@@ -522,13 +529,16 @@ def mask_conventions(
         module's ``key_padding_mask``, as the page computed them (NaN where the softmax had no key left).
     title : str, optional
         The figure's title: say what to look at.
+    hugging_face : bool, default True
+        Draw Hugging Face's ``attention_mask`` as a panel of its own. False leaves it
+        out, since it repeats SDPA's panel as 1 and 0, and says so in SDPA's heading.
 
     Returns
     -------
     matplotlib.figure.Figure
         ``qkv.diagrams.cells(figure, name)`` reads each panel back, with ``name`` one of
-        ``"sdpa"``, ``"torch"``, ``"hugging face"`` and ``"inverted"``: the text in each
-        cell and whether it is hatched (blocked).
+        ``"sdpa"``, ``"torch"``, ``"hugging face"`` (unless ``hugging_face=False``) and
+        ``"inverted"``: the text in each cell and whether it is hatched (blocked).
 
     See Also
     --------
@@ -549,10 +559,16 @@ def mask_conventions(
 
     allowed = _boolean_matrix("may_attend", may_attend, "a boolean tensor (B, S)")
     B, S = allowed.shape
+    sdpa_heading = (
+        "F.scaled_dot_product_attention (SDPA):\nTrue = may attend\n(passed as mask[:, None, None, :])"
+        if hugging_face
+        else "SDPA, and Hugging Face's attention_mask\nas .bool(): True = may attend\n"
+        "(SDPA takes it as mask[:, None, None, :])"
+    )
     panels: list[tuple[str, str, list[list[str]], torch.Tensor]] = [
         (
             "sdpa",
-            "F.scaled_dot_product_attention (SDPA):\nTrue = may attend\n(passed as mask[:, None, None, :])",
+            sdpa_heading,
             [["T" if a else "F" for a in row] for row in allowed.tolist()],
             allowed,
         ),
@@ -562,13 +578,16 @@ def mask_conventions(
             [["F" if a else "T" for a in row] for row in allowed.tolist()],
             allowed,
         ),
-        (
-            "hugging face",
-            "Hugging Face attention_mask:\n1 = real token\n(SDPA's rule as 0/1; pass .bool())",
-            [["1" if a else "0" for a in row] for row in allowed.tolist()],
-            allowed,
-        ),
     ]
+    if hugging_face:
+        panels.append(
+            (
+                "hugging face",
+                "Hugging Face attention_mask:\n1 = real token\n(SDPA's rule as 0/1; pass .bool())",
+                [["1" if a else "0" for a in row] for row in allowed.tolist()],
+                allowed,
+            )
+        )
     if weights is not None:
         w = require_tensor("weights", weights, ndim=2, layout="(B, S)").detach().double().cpu()
         if tuple(w.shape) != (B, S):
@@ -591,7 +610,12 @@ def mask_conventions(
     figure = Figure(
         figsize=(columns * (0.5 * S + 0.9), grid_rows * (0.5 * B + 1.3)), dpi=100, layout="constrained"
     )
-    axes = list(figure.subplots(grid_rows, columns, squeeze=False).flat)
+    if not hugging_face and len(panels) == 3:  # two conventions above, the mistake centred
+        grid = figure.add_gridspec(2, 4)
+        axes = [figure.add_subplot(grid[0, 0:2]), figure.add_subplot(grid[0, 2:4])]
+        axes.append(figure.add_subplot(grid[1, 1:3]))
+    else:
+        axes = list(figure.subplots(grid_rows, columns, squeeze=False).flat)
     for ax in axes[len(panels) :]:
         ax.set_axis_off()
     for ax, (name, heading, text, open_cells) in zip(axes[: len(panels)], panels, strict=True):
