@@ -20,7 +20,9 @@ What is measured, per page:
 - **figure**: where the first figure drawn by ``qkv.diagrams`` starts, estimated in
   pixels from the top of the page at 1280 px (text lines, code lines, stored output
   lines and image heights; calibrated on the built book, good to a few lines), for
-  "within the first two screens", 2 x 800 px;
+  "within the first two screens", 2 x 800 px (an estimate that can run a few hundred px
+  short; the browser check, ``tests/browser``, measures the built page and fails an
+  answer page whose first figure starts below 1,600 px);
 - **code cells** and **max lines**: the visible code cells outside exercise
   solutions, and the longest of them;
 - **deeper**: on an answer page, whether it links (``{doc}``) every page nested

@@ -277,6 +277,25 @@ def find_squeezed_figures(page: Any) -> list[str]:
     return page.evaluate(SQUEEZED_FIGURES_JS)
 
 
+# Where an answer page's picture starts, in px from the top of the page: the first image
+# in a cell's output (the page's first figure, drawn by qkv.diagrams). scripts/page_shape.py
+# estimates the same from the notebook; this measures what a reader sees.
+FIRST_FIGURE_JS = """
+() => {
+    const img = document.querySelector("article .cell_output img");
+    return img ? img.getBoundingClientRect().top + window.scrollY : null;
+}
+"""
+
+
+def find_late_figure(page: Any, within: int) -> list[str]:
+    """The first figure, when it starts below ``within`` px (or when the page has none)."""
+    top = page.evaluate(FIRST_FIGURE_JS)
+    if top is None:
+        return ["no figure in any cell's output"]
+    return [] if top <= within else [f"the first figure starts at {round(top):,} px, below {within:,} px"]
+
+
 # Maths (display, or inline in a span) wider than its column must scroll and show that it
 # does (a faded edge: phones hide scroll bars). Scrolled to its end, the fade moves to the other side.
 CLIPPED_MATHS_JS = """

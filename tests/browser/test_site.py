@@ -26,6 +26,7 @@ Run with ``make browser`` (it builds the book first). Needs Debian's Chromium at
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from urllib.parse import quote
@@ -42,6 +43,7 @@ from page_checks import (
     find_broken_images,
     find_clipped_maths,
     find_dead_sidebar_buttons,
+    find_late_figure,
     find_long_tracebacks,
     find_machine_paths,
     find_maths_in_links,
@@ -81,6 +83,15 @@ REFERENCE_PAGES = {"book/api.html", "book/bibliography.html"}
 def is_deeper(relative: str) -> bool:
     """A deeper page (book/<question>/<slug>.html, its answer page's layout) or a reference page."""
     return relative.count("/") > 1 or relative in REFERENCE_PAGES
+
+
+def is_answer_page(relative: str) -> bool:
+    """An answer page: its notebook says so in its metadata (``"qkv": {"page": "answer"}``)."""
+    notebook = ROOT / relative.replace(".html", ".ipynb")
+    if not notebook.is_file():
+        return False
+    metadata = json.loads(notebook.read_text(encoding="utf-8")).get("metadata", {})
+    return bool(metadata.get("qkv", {}).get("page") == "answer")
 
 
 def built_pages() -> list[str]:
@@ -181,6 +192,10 @@ def test_page_reads_well(open_page, relative: str) -> None:
         failures[f"figures squeezed out of shape ({width} px)"] = find_squeezed_figures(page)
         if width == DESKTOP:
             failures["code, output or maths wider than the column at 1280 px"] = find_wider_than_column(page)
+            if is_answer_page(relative):  # the picture within the first two screens (issue 31)
+                failures["answer page's picture below the first two screens at 1280 x 800"] = (
+                    find_late_figure(page, within=2 * 800)
+                )
         # The colours' contrast once in light mode (here, at phone width) and once in dark,
         # on answer pages: a deeper page's colours are its answer page's, and contrast is
         # two thirds of axe's time (page_checks.find_accessibility_violations) on every page.
