@@ -59,6 +59,19 @@ def test_the_angle_is_signed_and_an_unturned_arrow_is_named():
     assert "counter-clockwise" in figure.legends[0].get_title().get_text()
 
 
+def test_before_gives_the_angle_from_q_to_k_before_rotation():
+    rope = qkv.RotaryEmbedding(6, angle_dtype=torch.float64)
+    q, k = torch.tensor([1.0, 0, 0, 0, 0, 0]), torch.tensor([0.0, 0, 0, 1.0, 0, 0])  # k: +90° from q
+    figure = qkv.diagrams.rotation(q, k, rope, [(1, 0), (3, 1)], before=True)
+    after = [round(90 - math.degrees(t - s)) for t, s in ((1, 0), (3, 1))]  # pair 0: 1 rad per position
+    assert after == [33, -25]
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles[0].endswith("angle from q to k: +33°\n(before rotation: +90°)")
+    assert titles[1].endswith("angle from q to k: −25°\n(before rotation: +90°)")
+    plain = qkv.diagrams.rotation(q, k, rope, [(1, 0)])  # the default: no angle before
+    assert "before rotation" not in plain.axes[0].get_title()
+
+
 def test_a_key_after_its_query_is_marked_masked_only_when_causal():
     rope = qkv.RotaryEmbedding(6, angle_dtype=torch.float64)
     q, k = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)

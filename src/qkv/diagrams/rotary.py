@@ -51,6 +51,7 @@ def rotation(
     *,
     pair: int = 0,
     causal: bool = False,
+    before: bool = False,
 ) -> Figure:
     """One query and one key turned by their positions, in the plane of one pair of dimensions.
 
@@ -62,7 +63,9 @@ def rotation(
     below the panels names the arrows, the pair and the sign convention. The rotations
     are computed by ``rotary`` itself. Pairs with the same ``t - s`` leave the same
     angle. With ``causal``, a panel whose key comes after its query (s > t) says in its
-    title that a causal model masks that score.
+    title that a causal model masks that score. With ``before``, each title also gives
+    the angle from q to k before rotation, so that the turn by ``(s - t) · θ_j`` reads off
+    the two numbers.
 
     Parameters
     ----------
@@ -76,6 +79,9 @@ def rotation(
         Which pair of dimensions j to draw (0, the fastest, by default).
     causal : bool
         Whether to mark the panels with s > t as masked in a causal model.
+    before : bool
+        Whether each panel's title also gives the angle from q to k before rotation
+        (False by default: the title gives the angle after rotation only).
 
     Returns
     -------
@@ -123,6 +129,8 @@ def rotation(
         return turned[a].item(), turned[b].item()
 
     raw_q, raw_k = point(vectors["query"], None), point(vectors["key"], None)
+    raw_turn = math.degrees(math.atan2(raw_k[1], raw_k[0]) - math.atan2(raw_q[1], raw_q[0]))
+    raw_between = (raw_turn + 180) % 360 - 180  # from q to k before rotation, as `between` below
     reach = 1.25 * max(math.hypot(*raw_q), math.hypot(*raw_k), 1e-12)
     figure = Figure(figsize=(3.1 * len(positions), 3.9), dpi=100, layout="constrained")
     axes = figure.subplots(1, len(positions), squeeze=False)[0]
@@ -148,7 +156,10 @@ def rotation(
                 ax.text(0.03, corner, f"{name} before = {name} rotated (position 0)", transform=ax.transAxes,
                         ha="left", va="top", fontsize=FONT - 3, color=ROLE_COLOURS[name],
                         gid=f"{name}-unturned-{n}")  # fmt: skip
-        title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°".replace("-", "−")
+        title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°"
+        if before:  # the same angle before rotation: the pale arrows
+            title += f"\n(before rotation: {raw_between:+.0f}°)"
+        title = title.replace("-", "−")
         if causal and s > t:  # a key after its query: a causal mask hides this score
             title += "\nmasked in a causal model"
         ax.set_title(title, fontsize=FONT)
