@@ -26,6 +26,15 @@ def test_softmax_rows_draws_each_weight_as_a_bar():
     titles = [ax.get_title() for ax in figure.axes]
     assert titles[0] == f"none: largest {rows['d_k = 4']['none'].max():.2f}"
     assert all(ax.get_ylim() == (0, 1) for ax in figure.axes)
+    assert not figure.legends  # the dotted line, unlabelled by default
+
+
+def test_softmax_rows_labels_the_uniform_line_when_asked():
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    figure = qkv.diagrams.softmax_rows({"a": {"x": w}}, uniform_label="uniform 1/S = 0.25")
+    (legend,) = figure.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["uniform 1/S = 0.25"]
+    assert legend.get_lines()[0].get_linestyle() == ":"
 
 
 def test_softmax_rows_refuses_rows_that_differ():
@@ -364,3 +373,34 @@ def test_empty_rows_draws_what_a_repair_added_in_a_third_colour():
         qkv.diagrams.empty_rows({"a": combined}, added={"a": fixed})
     with pytest.raises(ValueError, match="does not have"):
         qkv.diagrams.empty_rows({"a": combined}, added={"b": combined})
+
+
+def test_weighted_sum_writes_the_weights_the_values_and_their_product():
+    g = torch.Generator().manual_seed(2)
+    weights = torch.randn(3, 5, generator=g).softmax(dim=-1)  # (T, S): T != S
+    values = torch.randn(5, 2, generator=g)  # (S, d_v)
+    figure = qkv.diagrams.weighted_sum(weights, values, query=1, title="look")
+    written = {name: cells(figure, name) for name in ("A", "V", "output")}
+    assert written["A"].text == [[f"{w:.2f}" for w in row] for row in weights.tolist()]
+    assert written["V"].text == [[f"{x:.2f}" for x in row] for row in values.tolist()]
+    outputs = [[f"{x:.2f}" for x in row] for row in (weights @ values).tolist()]
+    assert written["output"].text == outputs  # o_t = sum over s of a_ts v_s
+    for name, role in (("A", "weights"), ("output", "o")):  # only query 1's rows in colour
+        assert [row[0] == ROLE_COLOURS[role] for row in written[name].colours] == [False, True, False]
+    sums = [t.get_text() for t in figure.axes[0].texts if str(t.get_gid()).startswith("row-sum-")]
+    assert sums == ["1.00"] * 3  # each row of weights, over the keys
+    assert any(t.startswith("$o_{1} = \\sum_s") for t in qkv.diagrams.texts_of(figure))  # the formula
+    columns = torch.randn(3, 5, generator=g).softmax(dim=-2)  # over the queries: drawn as it is
+    figure = qkv.diagrams.weighted_sum(columns, values)
+    sums = [t.get_text() for t in figure.axes[0].texts if str(t.get_gid()).startswith("row-sum-")]
+    assert sums == [f"{total:.2f}" for total in columns.sum(dim=-1).tolist()] and "1.00" not in sums
+
+
+def test_weighted_sum_checks_its_inputs():
+    weights, values = torch.full((2, 4), 0.25), torch.ones(4, 3)
+    with pytest.raises(ValueError, match="values has 3 rows"):
+        qkv.diagrams.weighted_sum(weights, values[:3])
+    with pytest.raises(ValueError, match="query must be a query position from 0 to 1"):
+        qkv.diagrams.weighted_sum(weights, values, query=2)
+    with pytest.raises(ValueError, match=r"2 dimensions \(T, S\)"):
+        qkv.diagrams.weighted_sum(weights[None], values)

@@ -29,6 +29,7 @@ from qkv.diagrams.equation import (
     output_hull,
     softmax_axes,
     softmax_rows,
+    weighted_sum,
 )
 from qkv.diagrams.flow import projection
 from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape, wide_head
@@ -86,5 +87,6 @@ __all__ = [
     "tied_preference",
     "training_curves",
     "value_shift",
+    "weighted_sum",
     "wide_head",
 ]

@@ -6,6 +6,8 @@
   so that saturation (one bar near 1) and flattening (every bar near 1/S) show.
 - :func:`softmax_axes`: the same scores normalised over the keys and over the
   queries, with every row's and column's sum written beside it.
+- :func:`weighted_sum`: the product of the weights and the values, A V, with one
+  query's row of weights meeting the values along the keys: its output is their sum.
 - :func:`output_hull`: two value features as points, with their convex hull, and the
   outputs that each axis of the softmax makes from them: averages stay inside.
 - :func:`causal_leak`: a causal mask's grid, with the scores that a softmax over the
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from qkv._validation import require_tensor, shape_str
+from qkv._validation import require_size, require_tensor, shape_str
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
     FONT,
@@ -39,6 +41,7 @@ from qkv.diagrams._draw import (
     MASKED_HATCH,
     ROLE_COLOURS,
     TEXT_COLOUR,
+    Canvas,
     Cells,
     readable_ink,
     register_cells,
@@ -59,6 +62,7 @@ __all__ = [
     "output_hull",
     "softmax_axes",
     "softmax_rows",
+    "weighted_sum",
 ]
 
 
@@ -200,7 +204,12 @@ def largest_weight_curves(
     return figure
 
 
-def softmax_rows(rows: Mapping[str, Mapping[str, torch.Tensor]], *, title: str | None = None) -> Figure:
+def softmax_rows(
+    rows: Mapping[str, Mapping[str, torch.Tensor]],
+    *,
+    title: str | None = None,
+    uniform_label: str | None = None,
+) -> Figure:
     """One softmax row per panel, as bars: a grid of widths (rows) by scales (columns).
 
     Each panel draws one query's weights over its S keys, on a shared axis from 0 to
@@ -215,6 +224,9 @@ def softmax_rows(rows: Mapping[str, Mapping[str, torch.Tensor]], *, title: str |
         the same scales, in the same order, and every tensor must have the same S.
     title : str, optional
         The figure's title: say what to look at.
+    uniform_label : str, optional
+        A legend entry for the dotted line, below the panels (e.g. ``"uniform
+        weight 1/S = 0.20"``); by default the line is drawn without one.
 
     Returns
     -------
@@ -282,6 +294,11 @@ def softmax_rows(rows: Mapping[str, Mapping[str, torch.Tensor]], *, title: str |
                 ax.set_ylabel(f"{label}\nweight", fontsize=FONT - 1)
             if r == len(checked) - 1:
                 ax.set_xlabel("key position s", fontsize=FONT - 1)
+    if uniform_label is not None:
+        from matplotlib.lines import Line2D
+
+        line = Line2D([], [], color=TEXT_COLOUR, linestyle=":", linewidth=1, label=str(uniform_label))
+        figure.legend(handles=[line], loc="outside lower center", fontsize=FONT - 2, frameon=False)
     if title:
         figure.suptitle(title, fontsize=FONT)
     return figure
@@ -375,6 +392,110 @@ def softmax_axes(scores: torch.Tensor, *, title: str | None = None) -> Figure:
     if title:
         figure.suptitle(title, fontsize=FONT)
     return figure
+
+
+#: A row that is not the one followed: pale grey, never a colour of a role.
+_OTHER_ROW = "#E4E4E4"
+
+
+def weighted_sum(
+    weights: torch.Tensor, values: torch.Tensor, *, query: int = 0, title: str | None = None
+) -> Figure:
+    """The product A V drawn as it is computed: row t of the weights meets the values along the keys.
+
+    Three matrices side by side, each entry written in its cell: the attention
+    weights A (T, S), one row per query and one column per key, with each row's sum
+    at its right; the values V (S, d_v), one row per key; and their product, the
+    outputs (T, d_v). The row of ``query`` is drawn in the weights' colour and its
+    output row in the output's colour, the other rows in grey: output row t is
+    o_t = sum over s of a_ts v_s, so the product runs over A's last axis and V's
+    first, the keys (numbered along both). Where row t's weights are at least 0 and
+    sum to 1, o_t is a weighted average of V's rows. The drawing does not check the
+    sums: weights normalised over another axis are drawn as they are.
+
+    Parameters
+    ----------
+    weights : Tensor, shape (T, S)
+        One head's attention weights, e.g. ``torch.softmax(scores, dim=-1)``.
+    values : Tensor, shape (S, d_v)
+        The same head's values, one row per key.
+    query : int, default 0
+        The query position t whose row and output are highlighted, ``0 <= query < T``.
+    title : str, optional
+        The figure's title: say what to look at.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``qkv.diagrams.cells(figure, name)`` reads back ``"A"``, ``"V"`` and
+        ``"output"``: each cell's text (two decimals) and colour. The row sums are
+        texts with gid ``"row-sum-{t}"``.
+
+    See Also
+    --------
+    softmax_axes : the same scores normalised over each axis.
+    output_hull : the outputs inside the values' convex hull, or outside it.
+    :doc:`equation` : which axis the softmax runs over, and why.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> weights = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    >>> values = torch.tensor([[1.0], [3.0], [5.0]])
+    >>> figure = qkv.diagrams.weighted_sum(weights, values, query=1)
+    >>> qkv.diagrams.cells(figure, "output").text
+    [['2.00'], ['3.60']]
+    """
+    a = require_tensor("weights", weights, ndim=2, layout="(T, S)").detach().double().cpu()
+    v = require_tensor("values", values, ndim=2, layout="(S, d_v)").detach().double().cpu()
+    T, S = a.shape
+    require_size("values", v, 0, S, "rows", "the number of keys S in weights")
+    if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < T:
+        raise ValueError(f"query must be a query position from 0 to {T - 1}, got {query!r}")
+    out = a @ v  # (T, d_v)
+    d_v = v.shape[1]
+    sums, gap, index = 0.62, 0.38, 0.2  # inches: the row sums, a gap with its operator, the numbers
+    canvas = Canvas(
+        S + 2 * d_v, max(T, S), unit=0.6, extra_width=sums + 2 * gap + index + 0.1,
+        extra_height=0.35 + 0.42 + 0.45,
+    )  # fmt: skip
+    top = canvas.inch(0.35 + 0.42)  # the title, then the matrices' labels
+    x_a = canvas.inch(0.05)
+    x_v = x_a + S + canvas.inch(sums + gap + index)
+    x_o = x_v + d_v + canvas.inch(gap)
+
+    def text_of(matrix: torch.Tensor) -> list[list[str]]:
+        return [[f"{float(x):.2f}" for x in row] for row in matrix]
+
+    def rows_of(colour: str, rows: int, columns: int) -> list[list[str]]:
+        return [[colour if r == query else _OTHER_ROW] * columns for r in range(rows)]
+
+    weight_rows = rows_of(ROLE_COLOURS["weights"], T, S)  # query's row in colour, the others grey
+    canvas.matrix(x_a, top, T, S, ROLE_COLOURS["weights"], cell_colours=weight_rows, cell_text=text_of(a),
+                  label="A", gid="A")  # fmt: skip
+    canvas.text(x_a + S + canvas.inch(0.08), top - canvas.inch(0.06), "row sum", ha="left", va="bottom",
+                size=0.75)  # fmt: skip
+    for t, total in enumerate(a.sum(dim=-1).tolist()):
+        canvas.text(x_a + S + canvas.inch(0.1), top + t + 0.5, f"{total:.2f}", ha="left", size=0.8,
+                    fontweight="bold" if t == query else "normal", gid=f"row-sum-{t}")  # fmt: skip
+    for s in range(S):  # the keys, numbered along A's columns and V's rows
+        canvas.text(x_a + s + 0.5, top + T + canvas.inch(0.05), str(s), va="top", size=0.75)
+        canvas.text(x_v - canvas.inch(0.06), top + s + 0.5, str(s), ha="right", size=0.75)
+    canvas.text(x_a + S / 2, top + T + canvas.inch(0.24), "key position s", va="top", size=0.8)
+    canvas.text(x_v - canvas.inch(0.06), top - canvas.inch(0.06), "s", ha="right", va="bottom", size=0.8)
+    canvas.operator(x_v - canvas.inch(index + gap / 2), top + min(T, S) / 2, "×")
+    canvas.matrix(x_v, top, S, d_v, ROLE_COLOURS["v"], cell_text=text_of(v), label="V", gid="V")
+    canvas.operator(x_o - canvas.inch(gap / 2), top + min(T, S) / 2, "=")
+    canvas.matrix(x_o, top, T, d_v, ROLE_COLOURS["o"], cell_colours=rows_of(ROLE_COLOURS["o"], T, d_v),
+                  cell_text=text_of(out), label="A V", gid="output")  # fmt: skip
+    formula = (
+        f"$o_{{{query}}} = \\sum_s\\, a_{{{query}s}}\\, v_s$: row {query} of $A$ meets each column of $V$"
+        " along the keys"
+    )
+    canvas.text(canvas.width / 2, top + max(T, S) + canvas.inch(0.12), formula, va="top", gid="formula")
+    if title:
+        canvas.title(title)
+    return canvas.fit()
 
 
 def _convex_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
