@@ -44,6 +44,25 @@ def test_each_named_gradient_is_labelled_with_its_norm():
     assert sum(t.startswith("gradient norm") for t in texts) == 2
 
 
+def test_mark_sum_marks_where_the_three_gradients_add_at_x_and_only_then():
+    layer, x = _layer(), torch.randn(5, 6)
+    plain = qkv.diagrams.one_loss(x, layer)
+    marked = qkv.diagrams.one_loss(x, layer, mark_sum=True)
+    by_gid = {t.get_gid(): t for t in marked.axes[0].texts if t.get_gid()}
+    assert by_gid["X:sum"].get_text() == "+"
+    assert by_gid["X:sum-note"].get_text() == "three gradients\nadd at +"
+    assert not any((t.get_gid() or "").startswith("X:sum") for t in plain.axes[0].texts)
+    # The plus sits between X and the three matrices, level with X: where the dashed
+    # arrows from W^Q, W^K and W^V end.
+    labels = {t.get_text(): t.get_position() for t in marked.axes[0].texts}
+    plus_x, plus_y = by_gid["X:sum"].get_position()
+    assert labels["$X$"][0] < plus_x < labels["$W^K$"][0]
+    assert plus_y > labels["$X$"][1]  # below X's name, at X's middle (y grows downwards)
+    # Nothing else changes: the same matrices, and the same texts besides the mark.
+    assert qkv.diagrams.matrix_names(marked) == qkv.diagrams.matrix_names(plain)
+    assert sorted(texts_of(marked)) == sorted([*texts_of(plain), "+", "three gradients\nadd at +"])
+
+
 @pytest.mark.parametrize(
     ("gradients", "error", "message"),
     [

@@ -41,6 +41,7 @@ def one_loss(
     *,
     gradients: Mapping[str, object] | None = None,
     head: int = 0,
+    mark_sum: bool = False,
 ) -> Figure:
     """One input X through three different matrices, and one loss back to every parameter.
 
@@ -67,6 +68,10 @@ def one_loss(
         such as the key and value embeddings; ``None`` or absent: no label).
     head : int
         Which head's W^Q, W^K, W^V to draw.
+    mark_sum : bool
+        Mark where the backward pass's three branches meet at X: a circled plus at
+        X's right edge and a note below X, since the gradients from W^Q, W^K and W^V
+        add there (X is used three times). ``False`` (the default) draws neither.
 
     Returns
     -------
@@ -175,6 +180,16 @@ def one_loss(
     edge("attention", "W^O")
     edge("W^O", "readout", ("bottom", "top"))
     edge("readout", "loss", ("left", "right"))
+    if mark_sum:  # the three dashed branches end at X's right edge: their gradients add
+        x_box = boxes["X"]
+        middle = (x_box["y"] + x_box["bottom"]) / 2
+        canvas.text(x_box["right"] + canvas.inch(0.02), middle, "+", size=0.9, colour=BACKWARD_COLOUR,
+                    gid="X:sum", fontweight="bold",
+                    bbox={"boxstyle": "circle,pad=0.12", "facecolor": "#FFFFFF",
+                          "edgecolor": BACKWARD_COLOUR, "linewidth": 0.9})  # fmt: skip
+        note_x = (x_box["x"] + x_box["right"]) / 2 - canvas.inch(0.12)  # clear of the arrows
+        canvas.text(note_x, x_box["bottom"] + canvas.inch(0.34), "three gradients\nadd at +", va="top",
+                    size=0.8, colour=BACKWARD_COLOUR, gid="X:sum-note")  # fmt: skip
     key_y = canvas.inch(0.45)
     _arrow(canvas, x_left, key_y, x_left + canvas.inch(0.45), key_y, EDGE_COLOUR, "-")
     canvas.text(x_left + canvas.inch(0.52), key_y, "forward: one input X, three matrices", ha="left",
