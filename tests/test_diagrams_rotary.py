@@ -66,10 +66,20 @@ def test_before_gives_the_angle_from_q_to_k_before_rotation():
     after = [round(90 - math.degrees(t - s)) for t, s in ((1, 0), (3, 1))]  # pair 0: 1 rad per position
     assert after == [33, -25]
     titles = [ax.get_title() for ax in figure.axes]
-    assert titles[0].endswith("angle from q to k: +33°\n(before rotation: +90°)")
-    assert titles[1].endswith("angle from q to k: −25°\n(before rotation: +90°)")
+    assert titles[0].endswith("\nq to k: +90° → +33°")  # before, then after rotation
+    assert titles[1].endswith("\nq to k: +90° → −25°")
+    assert "before → after" in figure.legends[0].get_title().get_text()
+    outline = next(p for p in figure.axes[0].patches if p.get_gid() == "q-raw")
+    turned = next(p for p in figure.axes[0].patches if p.get_gid() == "q-rotated-0")
+    assert matplotlib.colors.to_hex(outline.get_facecolor()) == "#ffffff"  # an outline
+    assert matplotlib.colors.to_hex(outline.get_edgecolor()) == ROLE_COLOURS["q"].lower()
+    assert outline.get_alpha() is None  # as strong as the turned arrow, and as wide:
+    widths = [math.dist(*p.get_xy()[[0, -2]]) for p in (outline, turned)]  # the tail's ends
+    assert widths[0] == pytest.approx(widths[1])
     plain = qkv.diagrams.rotation(q, k, rope, [(1, 0)])  # the default: no angle before
-    assert "before rotation" not in plain.axes[0].get_title()
+    assert "→" not in plain.axes[0].get_title()
+    pale = next(p for p in plain.axes[0].patches if p.get_gid() == "q-raw")
+    assert pale.get_alpha() == 0.4  # the default: thin and pale
 
 
 def test_a_key_after_its_query_is_marked_masked_only_when_causal():
@@ -145,6 +155,16 @@ def test_position_gaps_draws_zeros_at_the_floor_and_refuses_bad_gaps():
         qkv.diagrams.position_gaps({"a": torch.tensor([0.05])}, floor=0.1)
     with pytest.raises(TypeError, match="gaps must be a non-empty mapping"):
         qkv.diagrams.position_gaps([torch.zeros(3)])
+
+
+def test_position_gaps_breaks_its_lines_at_zeros_when_asked():
+    gaps = {"rotation": torch.tensor([0.0, 2.0**-10, 2.0**-9]), "mask": torch.tensor([0.5, 0.25, 0.0])}
+    broken = qkv.diagrams.position_gaps(gaps, floor=1e-12, join_zeros=False)
+    lines = {line.get_gid(): list(line.get_ydata()) for line in broken.axes[0].get_lines()}
+    assert math.isnan(lines["gap-0"][0]) and lines["gap-0"][1:] == [2.0**-10, 2.0**-9]  # no segment to 0
+    assert lines["gap-1"][:2] == [0.5, 0.25] and math.isnan(lines["gap-1"][2])
+    zeros = {c.get_gid(): c.get_offsets().tolist() for c in broken.axes[0].collections}
+    assert zeros["zeros-0"] == [[0, 1e-12]] and zeros["zeros-1"] == [[2, 1e-12]]  # markers kept
 
 
 def _value_shift_inputs(T=6, d_k=8, seed=0):

@@ -63,9 +63,11 @@ def rotation(
     below the panels names the arrows, the pair and the sign convention. The rotations
     are computed by ``rotary`` itself. Pairs with the same ``t - s`` leave the same
     angle. With ``causal``, a panel whose key comes after its query (s > t) says in its
-    title that a causal model masks that score. With ``before``, each title also gives
-    the angle from q to k before rotation, so that the turn by ``(s - t) · θ_j`` reads off
-    the two numbers.
+    title that a causal model masks that score. With ``before``, the figure reads as a
+    turn: each title gives the angle from q to k before and after rotation
+    (``q to k: +146° → +31°``), so that the turn by ``(s - t) · θ_j`` reads off the two
+    numbers, and the arrows before rotation are drawn as outlines as wide as the turned
+    arrows (filled), which read in print and on a dark page alike.
 
     Parameters
     ----------
@@ -80,8 +82,9 @@ def rotation(
     causal : bool
         Whether to mark the panels with s > t as masked in a causal model.
     before : bool
-        Whether each panel's title also gives the angle from q to k before rotation
-        (False by default: the title gives the angle after rotation only).
+        Whether each panel's title gives the angle from q to k before rotation too, and
+        the arrows before rotation are outlines (False by default: the title gives the
+        angle after rotation only, and the arrows before rotation are thin and pale).
 
     Returns
     -------
@@ -106,7 +109,7 @@ def rotation(
     require_matplotlib()
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
-    from matplotlib.patches import Arc, FancyArrow
+    from matplotlib.patches import Arc, FancyArrow, Patch
 
     if not isinstance(rotary, RotaryEmbedding):
         raise TypeError(f"rotary must be a qkv.RotaryEmbedding, got {type(rotary).__name__}")
@@ -141,10 +144,14 @@ def rotation(
             (raw_k, ROLE_COLOURS["k"], True, "k-raw"),
             (q, ROLE_COLOURS["q"], False, f"q-rotated-{n}"),
             (k, ROLE_COLOURS["k"], False, f"k-rotated-{n}"),
-        ):  # before: thin and pale (a dashed outline renders jagged); turned: full
+        ):  # before: thin and pale (a dashed outline renders jagged), or with `before` an
+            # outline as wide as the turned arrow, drawn under it; turned: full
+            outline = raw and before
             ax.add_patch(FancyArrow(
-                0, 0, tip_x, tip_y, width=(0.004 if raw else 0.012) * reach, head_width=0.07 * reach,
-                length_includes_head=True, color=colour, alpha=0.4 if raw else 1.0, linewidth=0, gid=gid,
+                0, 0, tip_x, tip_y, width=(0.004 if raw and not before else 0.012) * reach,
+                head_width=0.07 * reach, length_includes_head=True, facecolor="white" if outline else colour,
+                edgecolor=colour, linewidth=1.3 if outline else 0, alpha=0.4 if raw and not before else None,
+                gid=gid,
             ))  # fmt: skip
         angle_q, angle_k = math.degrees(math.atan2(q[1], q[0])), math.degrees(math.atan2(k[1], k[0]))
         between = (angle_k - angle_q + 180) % 360 - 180  # from the query to the key, in (-180, 180]
@@ -157,8 +164,8 @@ def rotation(
                         ha="left", va="top", fontsize=FONT - 3, color=ROLE_COLOURS[name],
                         gid=f"{name}-unturned-{n}")  # fmt: skip
         title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°"
-        if before:  # the same angle before rotation: the pale arrows
-            title += f"\n(before rotation: {raw_between:+.0f}°)"
+        if before:  # the angle before rotation (the outlines), then after it
+            title = f"t = {t}, s = {s}  (t − s = {t - s})\nq to k: {raw_between:+.0f}° → {between:+.0f}°"
         title = title.replace("-", "−")
         if causal and s > t:  # a key after its query: a causal mask hides this score
             title += "\nmasked in a causal model"
@@ -172,13 +179,19 @@ def rotation(
         ax.set_ylabel(f"dimension {b} of the head", fontsize=FONT - 1)
         ax.set_xticks([])
         ax.set_yticks([])
-    handles = [
+    handles: list[Line2D | Patch] = [
         Line2D([], [], color=ROLE_COLOURS["q"], linewidth=2.5, label="q rotated by t·θ"),
         Line2D([], [], color=ROLE_COLOURS["k"], linewidth=2.5, label="k rotated by s·θ"),
-        Line2D([], [], color=ROLE_COLOURS["q"], alpha=0.4, linewidth=1, label="q before"),
-        Line2D([], [], color=ROLE_COLOURS["k"], alpha=0.4, linewidth=1, label="k before"),
     ]
+    for name in ("q", "k"):  # the arrows before rotation: outlines with `before`, else pale
+        colour = ROLE_COLOURS[name]
+        if before:
+            handles.append(Patch(facecolor="white", edgecolor=colour, linewidth=1.3, label=f"{name} before"))
+        else:
+            handles.append(Line2D([], [], color=colour, alpha=0.4, linewidth=1, label=f"{name} before"))
     caption = f"Pair {pair} (θ = {theta:.3g} rad per position); angles counter-clockwise from q to k"
+    if before:
+        caption += ", before → after rotation"
     figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=FONT - 1, frameon=False,
                   title=caption, title_fontsize=FONT - 1)  # fmt: skip
     return figure
@@ -710,7 +723,11 @@ def value_shift(
 
 
 def position_gaps(
-    gaps: Mapping[str, object], *, floor: float | None = None, reference: str = "the reference"
+    gaps: Mapping[str, object],
+    *,
+    floor: float | None = None,
+    reference: str = "the reference",
+    join_zeros: bool = True,
 ) -> Figure:
     """How far each setup's output is from a reference, position by position: exact at 0, or not?
 
@@ -737,12 +754,17 @@ def position_gaps(
     reference : str, optional
         What the gaps are measured from, for the y axis's label ("largest gap from
         {reference}").
+    join_zeros : bool, optional
+        Whether a setup's line runs through its zeros at ``floor`` (True, the default)
+        or breaks there (False): "0" is no value of the log scale, so a segment from a
+        zero to a gap has no meaning as a slope; with False only the markers show them.
 
     Returns
     -------
     matplotlib.figure.Figure
         Each setup's line has ``gid`` ``"gap-{i}"`` (i: its place in ``gaps``), drawn
-        through its gaps with zeros at ``floor``.
+        through its gaps with zeros at ``floor`` (with ``join_zeros=False``, NaN there:
+        no segment reaches a zero).
 
     See Also
     --------
@@ -787,6 +809,8 @@ def position_gaps(
     zero_at = {t: [i for i, row in enumerate(rows.values()) if row[t] == 0] for t in range(length)}
     for i, (name, row) in enumerate(rows.items()):
         values = row.detach().double().clamp(min=floor)  # (T,): zeros at the floor
+        if not join_zeros:  # the line breaks at each zero; its hollow marker stays
+            values = values.masked_fill(row.detach() == 0, math.nan)
         colour = HEAD_COLOURS[i % len(HEAD_COLOURS)]
         positions = list(range(values.shape[0]))
         nonzero = [t for t in positions if row[t] != 0]  # filled markers; zeros hollow, below
