@@ -220,6 +220,8 @@ def test_cache_growth_adds_a_row_and_a_column_masked_for_earlier_rows(cached):
     assert any("not kept" in t and "only K and V are cached" in t for t in texts_of(figure))
     assert any("not computed in a cached step" in t for t in texts_of(figure))
     assert any("all a cached step computes" in t for t in texts_of(figure))  # the new row
+    assert any(f"a new row, 1 × {cached + 1}" in t for t in texts_of(figure))  # T = 1 query
+    assert any(f"a cached step, T = 1, S = {cached + 1}" in t for t in texts_of(figure))
     assert "attention scores" in figure.axes[0].get_title() or any(
         "Causal attention scores" in t for t in texts_of(figure))  # fmt: skip
     with pytest.raises(ValueError):

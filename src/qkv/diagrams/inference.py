@@ -1088,8 +1088,8 @@ def cache_growth(cached: int) -> Figure:
     """The causal score matrix before and after one decoding step: one new row, one new column.
 
     Left, the ``cached × cached`` scores :math:`q_t k_s^\\top` of the tokens so far (row
-    t a query, column s a key; above the diagonal masked), labelled T × S in the front
-    page's letters. Right, the same after
+    t a query, column s a key; above the diagonal masked), labelled with their sizes.
+    Right, the same after
     one more token: a new row (the new query, in full colour, reading every key)
     and a new column (the new key), masked for every earlier row, so the earlier
     rows, and the outputs made from them, are unchanged. Earlier cells are drawn
@@ -1140,7 +1140,7 @@ def cache_growth(cached: int) -> Figure:
 
     for name, x, n, new in (("before", margin, cached, False), ("after", margin + cached + gap, rows, True)):
         colours, masked = cells_of(n, new)
-        label = math("(T + 1) \\times (S + 1)" if new else "T \\times S")  # queries × keys
+        label = math(f"{n} \\times {n}")  # queries × keys: a full pass's T × S
         canvas.matrix(x, top, n, n, colour, cell_colours=colours, hatch_cells=masked, label=label,
                       frame=ROLE_COLOURS["q"], gid=name)  # fmt: skip
     x_after = margin + cached + gap
@@ -1154,13 +1154,13 @@ def cache_growth(cached: int) -> Figure:
         outline = Rectangle((x, y), w, h, fill=False, edgecolor=EDGE_COLOUR, linewidth=1.8, gid=gid)
         canvas.ax.add_patch(outline)
     x_text = x_after + rows + scale.units(0.12)
-    canvas.text(x_text, top + cached + 0.5, "new query: a new row, 1 × (S + 1):\nall a cached step computes",
+    canvas.text(x_text, top + cached + 0.5, f"new query: a new row, 1 × {rows}:\nall a cached step computes",
                 ha="left", size=0.85)  # fmt: skip
     canvas.text(x_text, middle, "new key: a new column,\nmasked for earlier rows", ha="left", size=0.85)
     legend = (
         "pale: not computed in a cached step (computed at earlier steps, unchanged,\n"
         "and not kept: only K and V are cached)\nhatched: masked (a later key)\n"
-        "T query positions, S key positions (T = S here)"
+        f"T queries × S keys: a full pass, T = S = {rows}; a cached step, T = 1, S = {rows}"
     )
     canvas.text(margin, top + rows + scale.below + scale.line, legend, ha="left", va="top", size=0.85)
     return canvas.fit()
