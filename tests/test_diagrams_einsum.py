@@ -155,3 +155,38 @@ def test_memory_fan_out_reads_keras_layers_and_refuses_wrong_widths():
                                      qkv.MultiHeadAttention(8, 2, kdim=6, vdim=6)], memory)
     with pytest.raises(ValueError, match="at least one layer"):
         qkv.diagrams.memory_fan_out([], memory)
+
+
+def test_paper_inputs_mark_the_inputs_and_keep_the_products_named_as_the_code_does():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
+    query, memory = torch.randn(4, 10), torch.randn(7, 6)
+    plain = cross_attention_shapes(layer, query, memory, memory_name="enc_output")
+    marked = cross_attention_shapes(layer, query, memory, memory_name="enc_output", paper_inputs=True)
+    texts = texts_of(marked)
+    for letter in "QKV":  # the input is the paper's K; the product is K, as in the code
+        assert f"the paper's {letter}" in texts and f"${letter}$" in texts
+        assert f"${letter}W^{letter}$" not in texts
+    assert r"$Q K^\top / \sqrt{O}$ per head" in texts and "average of V's rows" in " ".join(texts)
+    assert set(texts) - set(texts_of(plain)) == {f"the paper's {letter}" for letter in "QKV"}
+    for name in matrix_names(plain):  # the same blocks, the same sizes
+        assert cells(marked, name) == cells(plain, name), name
+
+
+def test_book_names_add_one_legend_line_with_the_front_pages_letters():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
+    query, memory = torch.randn(4, 10), torch.randn(7, 6)
+    plain = cross_attention_shapes(layer, query, memory, memory_name="enc_output")
+    named = cross_attention_shapes(layer, query, memory, memory_name="enc_output", book_names=True)
+    legend, plain_legend = (next(t for t in f.axes[0].texts if t.get_gid() == "legend").get_text()
+                            for f in (named, plain))  # fmt: skip
+    assert legend.startswith(plain_legend + "\n") and legend.count("\n") == plain_legend.count("\n") + 1
+    last = legend.splitlines()[-1]
+    for pair in ("N = $T$", "M = $S$", "H = $h$", "O = $d_k$", r"I = $d_\mathrm{model}$",
+                 r"I′ = $d_\mathrm{enc}$"):  # fmt: skip
+        assert pair in last, pair
+    assert "elsewhere in the book" not in plain_legend
+    assert set(texts_of(named)) - {legend} == set(texts_of(plain)) - {plain_legend}
+    for name in matrix_names(plain):  # the blocks keep their sizes; the figure is taller
+        rows, cols = shape_of(named, name)
+        assert (rows, cols) == shape_of(plain, name), name
+    assert named.get_size_inches()[1] > plain.get_size_inches()[1]

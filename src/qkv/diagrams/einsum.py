@@ -55,6 +55,8 @@ def cross_attention_shapes(
     memory_name: str = "memory",
     title: str | None = None,
     paper_letters: bool = False,
+    paper_inputs: bool = False,
+    book_names: bool = False,
 ) -> Figure:
     """One cross-attention layer to scale, each block named by its einsum letters.
 
@@ -105,6 +107,15 @@ def cross_attention_shapes(
         ``QW^Q (KW^K)ᵀ/√O`` and V's average ``VW^V``'s. The blocks and sizes are the
         same either way. The default names the products Q, K and V, as Keras's code
         does (``key = self._key_dense(key)``), and draws what it drew before.
+    paper_inputs : bool, default False
+        Mark each input block ``the paper's Q`` (K, V), as ``paper_letters`` does, but
+        keep the products named Q, K and V, as Keras's code and the book do: one name
+        per product, and the paper's letters only on what the paper calls its inputs.
+        ``paper_letters`` implies the marks.
+    book_names : bool, default False
+        Add a legend line giving each letter's name elsewhere in the book (its front
+        page's): N = T, M = S, H = h, O = d_k, I = d_model, I′ = d_enc. The default
+        draws no such line.
 
     Returns
     -------
@@ -175,7 +186,8 @@ def cross_attention_shapes(
     ]
     heights = [above + max(r[3], r[4]) + below for r in rows]
     out_h = above + canvas.inch(0.3) + max(N, HO) + below
-    title_h = canvas.inch(0.95)  # the title and the legend's three lines
+    legend_line = 0.16  # inches: one line of the legend
+    title_h = canvas.inch(0.95 + (legend_line if book_names else 0))  # the title, the legend's lines
     width = max(x_s + M + (H - 1) * stack, x_in + HO + 2 * I + 3 * gap + canvas.inch(1.5)) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
@@ -185,6 +197,9 @@ def cross_attention_shapes(
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
               f"and {memory_name}\nstrong colours: this layer's learned weights (each layer "
               f"has its own)   grey, pale: data   one sequence, biases not drawn")  # fmt: skip
+    if book_names:  # the front page's names, on a line of their own
+        legend += ("\nelsewhere in the book: N = $T$,  M = $S$,  H = $h$,  O = $d_k$,  "
+                   r"I = $d_\mathrm{model}$,  I′ = $d_\mathrm{enc}$")  # fmt: skip
     canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
 
     def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...], rows: str = "") -> None:
@@ -213,7 +228,7 @@ def cross_attention_shapes(
             x_in, top, length, features, ROLE_COLOURS["x"], label=name, gid=f"{letter}:input"
         )
         caption(box, l_in, s_in, "target positions" if letter == "Q" else "source positions")
-        if paper_letters:  # the input is what the paper's MultiHead(Q, K, V) calls Q, K or V
+        if paper_letters or paper_inputs:  # the input is what the paper's MultiHead(Q, K, V) calls Q
             canvas.text(box["x"] + features / 2, top + length / 2, f"the paper's {letter}", size=0.8,
                         gid=f"{letter}:paper", bbox={"boxstyle": "round,pad=0.2", "facecolor": "#FFFFFF",
                                                      "edgecolor": "none", "alpha": 0.85})  # fmt: skip
