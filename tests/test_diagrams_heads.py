@@ -269,3 +269,33 @@ def test_wide_head_refuses_shapes_it_cannot_draw(q, k, message):
 def test_wide_head_names_a_sequence_out_of_range():
     with pytest.raises(ValueError, match="sequence must be an int from 0 to 1"):
         qkv.diagrams.wide_head(torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5), sequence=2)
+
+
+def test_weight_storage_draws_head_blocks_as_columns_of_w_then_rows_of_the_weight():
+    from qkv.diagrams.heads import weight_storage
+
+    linear = torch.nn.Linear(12, 15)  # d_in = 12 != h·d_k = 15: the two shapes differ
+    figure = weight_storage(linear, 3)
+    paper, stored = grid(figure, "W"), grid(figure, "weight")
+    assert (len(paper), len(paper[0])) == (12, 15) and (len(stored), len(stored[0])) == (15, 12)
+    for i in range(3):  # head i: columns 5i..5i+4 of W^Q, rows 5i..5i+4 of .weight, one colour
+        assert block_colours(figure, "W", range(5 * i, 5 * i + 5)) == {HEADS[i]}
+        assert {c for row in stored[5 * i : 5 * i + 5] for c in row} == {HEADS[i]}
+    texts = texts_of(figure)
+    assert {"(12, 15)", "(15, 12)", "[0:5]", "[5:10]", "[10:15]", "$W_3^Q$", "$(W_3^Q)^\\top$"} <= set(texts)
+    assert "$W_4^Q$" not in texts and "[15:20]" not in texts
+    keys = texts_of(weight_storage(torch.nn.Linear(7, 4), 2, projection="k"))  # W^K, blocks of 2
+    assert {"$W^K$", "$W_2^K$", "[2:4]"} <= set(keys)
+
+
+def test_weight_storage_rejects_what_it_cannot_cut():
+    from qkv.diagrams.heads import weight_storage
+
+    with pytest.raises(ValueError, match="15 output features do not split into num_heads = 4"):
+        weight_storage(torch.nn.Linear(12, 15), 4)
+    with pytest.raises(ValueError, match="num_heads must be positive, got 0"):
+        weight_storage(torch.nn.Linear(12, 15), 0)
+    with pytest.raises(TypeError, match=r"linear must be an nn.Linear or a module with a 2-D \.weight"):
+        weight_storage(torch.randn(15, 12), 3)
+    with pytest.raises(ValueError, match=r"projection must be \"q\", \"k\" or \"v\", got 'o'"):
+        weight_storage(torch.nn.Linear(12, 15), 3, projection="o")

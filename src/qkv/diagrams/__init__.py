@@ -32,7 +32,14 @@ from qkv.diagrams.equation import (
     weighted_sum,
 )
 from qkv.diagrams.flow import projection
-from qkv.diagrams.heads import heads_from_one_matrix, multi_head, packed_layouts, reshape, wide_head
+from qkv.diagrams.heads import (
+    heads_from_one_matrix,
+    multi_head,
+    packed_layouts,
+    reshape,
+    weight_storage,
+    wide_head,
+)
 from qkv.diagrams.inference import (
     attention_map,
     bytes_per_step,
@@ -87,6 +94,7 @@ __all__ = [
     "tied_preference",
     "training_curves",
     "value_shift",
+    "weight_storage",
     "weighted_sum",
     "wide_head",
 ]

@@ -1,5 +1,5 @@
-"""Head diagrams: one big W^Q cut into heads, the reshape into heads, the heads merged by W^O,
-and the two orders of a packed Q/K/V projection.
+"""Head diagrams: one big W^Q cut into heads, how nn.Linear stores it, the reshape into heads,
+the heads merged by W^O, and the two orders of a packed Q/K/V projection.
 
 See also
 --------
@@ -28,7 +28,7 @@ from qkv.diagrams._draw import (
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["heads_from_one_matrix", "multi_head", "packed_layouts", "reshape", "wide_head"]
+__all__ = ["heads_from_one_matrix", "multi_head", "packed_layouts", "reshape", "weight_storage", "wide_head"]
 
 # Inches that do not shrink with the cells: between blocks, for a label above a block and a
 # shape below it, for the title, and for a line of text.
@@ -573,6 +573,113 @@ def packed_layouts(num_heads: int, d_k: int) -> Figure:
         for r, row_name in enumerate(row_names):  # what each row is, to its right
             canvas.text(x + width + canvas.inch(0.1), top + r + 0.5, row_name, ha="left", size=0.9)
         top += rows + canvas.inch(gap + heading)
+    return canvas.fit()
+
+
+def weight_storage(linear: object, num_heads: int, *, projection: str = "q") -> Figure:
+    """The paper's W^Q (in, out) beside ``nn.Linear``'s ``.weight`` (out, in): head i is columns, then rows.
+
+    A fused projection ``nn.Linear(d_in, h·d_k)`` holds the paper's
+    W^Q (d_in, h·d_k) transposed: its ``.weight`` is (h·d_k, d_in), and
+    ``W^Q = .weight.T``. On the left, W^Q with column block i (W_i^Q) in head
+    i's colour; on the right, ``.weight`` with row block i, (W_i^Q)^T, in the
+    same colour, and the slice that takes it, ``[(i-1)·d_k : i·d_k]`` (code
+    counts from 0). The shapes are read from the weight passed; its values are
+    not drawn. Heads are numbered from 1, as in the paper.
+
+    Parameters
+    ----------
+    linear : torch.nn.Linear, or a module whose ``.weight`` is stored (out, in)
+        The fused projection; its out_features must be a multiple of ``num_heads``.
+    num_heads : int
+        h: the weight's rows are cut into h blocks of d_k = out_features / h.
+    projection : {"q", "k", "v"}
+        Which projection it is, for the names (W^Q, W^K, W^V) and the frame's colour.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The matrices are named ``"W"``, (d_in, h·d_k), and ``"weight"``,
+        (h·d_k, d_in) (for :func:`qkv.diagrams.cells`: colours, cell by cell).
+
+    See Also
+    --------
+    qkv.diagrams.heads_from_one_matrix : W^Q's column blocks times X, head by head.
+    :doc:`heads` : Method 1's ``nn.Linear`` holds the heads' weights one after another.
+
+    Examples
+    --------
+    >>> import torch, qkv
+    >>> from qkv.diagrams.heads import weight_storage
+    >>> figure = weight_storage(torch.nn.Linear(12, 15), 3)
+    >>> [t for t in qkv.diagrams.texts_of(figure) if t.startswith("(")]
+    ['(12, 15)', '(15, 12)']
+    >>> "[5:10]" in qkv.diagrams.texts_of(figure)  # head 2's rows of .weight
+    True
+    """
+    from matplotlib import patheffects
+
+    h = require_positive_int("num_heads", num_heads)
+    if not isinstance(projection, str) or projection not in _PROJECTIONS:
+        raise ValueError(f'projection must be "q", "k" or "v", got {projection!r}')
+    weight = getattr(linear, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise TypeError(
+            "linear must be an nn.Linear or a module with a 2-D .weight (out, in), "
+            f"got {type(linear).__name__}"
+        )
+    out_features, in_features = weight.shape
+    if out_features % h:
+        raise ValueError(
+            f"the weight's {out_features} output features do not split into num_heads = {h} equal blocks"
+        )
+    d = out_features // h
+    letter, role = projection.upper(), ROLE_COLOURS[projection]
+    colours = [head_colour(j // d) for j in range(out_features)]
+
+    arrow, slices, caption = 1.5, 0.75, 0.3  # inches: the arrow and its words, the slices, a caption
+    canvas = Canvas(
+        out_features + in_features,
+        max(in_features, out_features),
+        extra_width=2 * 0.15 + arrow + slices,
+        extra_height=_TITLE + _ABOVE + 0.05 + 0.24 + caption,
+    )
+    top = canvas.inch(_TITLE + _ABOVE)
+    x_paper = canvas.inch(0.15)
+    x_stored = x_paper + out_features + canvas.inch(arrow)
+    canvas.title(f"nn.Linear stores $W^{letter}$ transposed: "
+                 f"head $i$ is columns of $W^{letter}$, rows of .weight")  # fmt: skip
+    halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
+    canvas.matrix(x_paper, top, in_features, out_features, role, column_colours=colours,
+                  label=f"W^{letter}", shape=(in_features, out_features), frame=role, gid="W")  # fmt: skip
+    canvas.matrix(x_stored, top, out_features, in_features, role, row_colours=colours, label=None,
+                  shape=(out_features, in_features), frame=role, gid="weight")  # fmt: skip
+    canvas.text(x_stored + in_features / 2, top - canvas.inch(0.06), ".weight", va="bottom", size=1.15,
+                gid="weight:label")  # fmt: skip
+    em = _em(canvas)
+    column_size = min(1.0, d / (1.8 * em))  # W_i^Q, about 1.6 em wide, in a block d cells wide
+    row_size = min(1.0, d / (1.5 * em), in_features / (3.4 * em))  # (W_i^Q)^T: d cells tall
+    for i in range(h):
+        w_name = f"$W_{_index(i)}^{letter}$"
+        if column_size >= 0.5:  # each block's name inside it, where it fits
+            canvas.text(x_paper + i * d + d / 2, top + in_features / 2, w_name, size=column_size,
+                        path_effects=halo, gid=f"{w_name}:inside")  # fmt: skip
+        middle = top + i * d + d / 2
+        t_name = f"$(W_{_index(i)}^{letter})^\\top$"
+        if row_size >= 0.5:
+            canvas.text(x_stored + in_features / 2, middle, t_name, size=row_size, path_effects=halo,
+                        gid=f"{t_name}:inside")  # fmt: skip
+        canvas.text(x_stored + in_features + canvas.inch(0.08), middle, f"[{i * d}:{(i + 1) * d}]",
+                    ha="left", size=0.85, gid=f"slice{i + 1}")  # fmt: skip
+    arrow_y = top + min(in_features, out_features) / 2
+    canvas.arrow(x_paper + out_features + canvas.inch(0.08), arrow_y, x_stored - canvas.inch(0.08), arrow_y)
+    canvas.text((x_paper + out_features + x_stored) / 2, arrow_y + canvas.inch(0.06), "stored as\n(out, in)",
+                va="top", size=0.85)  # fmt: skip
+    under_shape = canvas.inch(0.05 + 0.24)  # a caption under each shape
+    canvas.text(x_paper + out_features / 2, top + in_features + under_shape, "the paper's: (in, out)",
+                va="top", size=0.85)  # fmt: skip
+    canvas.text(x_stored + in_features / 2, top + out_features + under_shape, "nn.Linear's: (out, in)",
+                va="top", size=0.85)  # fmt: skip
     return canvas.fit()
 
 
