@@ -330,6 +330,29 @@ def test_the_paper_letters_are_written_under_the_columns_they_name_and_only_when
     assert r"$Q = X,\ K = V = X_K$" in texts_of(cross)  # cross-attention: the inputs differ
 
 
+def test_weights_note_replaces_only_the_lines_under_the_weights_and_defaults_to_the_loose_use():
+    # weights_note: a page that cites no text calling the weights Q, K, V writes what
+    # they are instead; the other notes, their places and the figure's size stay
+    mha = qkv.MultiHeadAttention(12, 3)
+    x = torch.randn(4, 12)
+    default = qkv.diagrams.data_flow(x, mha, attention_weights=True, paper=True)
+    note = ("the weights: $W^Q$, $W^K$, $W^V$", "no row per token,", "one set for every input")
+    own = qkv.diagrams.data_flow(x, mha, attention_weights=True, paper=True, weights_note=note)
+
+    def lines(figure, gid):  # the notes with this gid, with their places
+        return [(t.get_text(), t.get_position()) for t in figure.axes[0].texts if t.get_gid() == gid]
+
+    assert [text for text, _ in lines(own, "paper:W")] == list(note)
+    assert [place for _, place in lines(own, "paper:W")] == [place for _, place in lines(default, "paper:W")]
+    assert "(a loose use)" not in texts_of(own) and "(a loose use)" in texts_of(default)
+    for gid in ("paper:X", "paper:Q", "paper-header"):
+        assert lines(own, gid) == lines(default, gid)
+    assert tuple(own.get_size_inches()) == tuple(default.get_size_inches())
+    for wrong in (("one", "two"), ("a", "b", "c", "d"), ("a", "b", 3)):
+        with pytest.raises(ValueError, match="weights_note must be three lines"):
+            qkv.diagrams.data_flow(x, mha, paper=True, weights_note=wrong)
+
+
 def test_tied_preference_reach_and_shade_show_more_of_the_half_plane_and_default_as_before():
     from matplotlib.colors import to_rgba
 

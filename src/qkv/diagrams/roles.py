@@ -64,6 +64,7 @@ def data_flow(
     attention_weights: bool = False,
     output_projection: bool = False,
     paper: bool = False,
+    weights_note: Sequence[str] | None = None,
 ) -> Figure:
     """Input, learned weights and products: X → (X W^Q + b^Q, W^Q entering from the side) → Q → attention.
 
@@ -118,6 +119,10 @@ def data_flow(
         texts loosely call them Q, K, V; under the products, the paper's
         Attention(Q, K, V) (its equation 1) inside head i, whose Q, K, V are strip i
         of each product. The figure grows by the band; without it, nothing changes.
+    weights_note : sequence of three str, optional
+        With ``paper=True``, the three lines written under the weights (gid
+        ``"paper:W"``) instead of the default, that some texts loosely call them Q, K,
+        V: a page that cites no such text can say what the weights are instead.
 
     Returns
     -------
@@ -143,11 +148,23 @@ def data_flow(
     >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha, paper=True)
     >>> "$Q = K = V = X$" in qkv.diagrams.texts_of(figure)
     True
+
+    With its own three lines under the weights:
+
+    >>> note = ("the weights", "$W^Q$, $W^K$, $W^V$", "no row per token")
+    >>> x = torch.randn(5, 12)
+    >>> figure = qkv.diagrams.data_flow(x, mha, paper=True, weights_note=note)
+    >>> "no row per token" in qkv.diagrams.texts_of(figure)
+    True
     """
     require_matplotlib()
     from matplotlib.figure import Figure
 
     weights, x2, k2, v2 = layer_inputs(layer, x, key, value)
+    loose_use = ("some texts: $Q$, $K$, $V$", "are these weights", "(a loose use)")
+    weights_lines = loose_use if weights_note is None else tuple(weights_note)
+    if len(weights_lines) != 3 or not all(isinstance(line, str) for line in weights_lines):
+        raise ValueError(f"weights_note must be three lines of text, but got {weights_note!r}")
     names = dict(code or {})
     unknown = sorted(set(names) - set(NAMES))
     if unknown:
@@ -348,9 +365,9 @@ def data_flow(
         elif key_name == value_name:
             letters = rf"$Q = X,\ K = V = {key_name}$"
         head_i = ("(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$")
-        notes: tuple[tuple[int, tuple[str, str, str], str], ...] = (  # (column, its lines, gid)
+        notes: tuple[tuple[int, tuple[str, ...], str], ...] = (  # (column, its lines, gid)
             (0, (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", letters), "paper:X"),
-            (1, ("some texts: $Q$, $K$, $V$", "are these weights", "(a loose use)"), "paper:W"),
+            (1, weights_lines, "paper:W"),  # by default, the loose use
             (2, (r"$\mathrm{Attention}(Q, K, V)$", *head_i), "paper:Q"),  # one head's products
         )
         for i, note, gid in notes:
