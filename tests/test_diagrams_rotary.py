@@ -230,3 +230,45 @@ def test_value_shift_draws_only_the_outputs_shown():
     assert not [line for ax in figure.axes for line in ax.lines if line.get_color() == "#dddddd"]  # no spokes
     with pytest.raises(ValueError, match="shown must name outputs t between 0 and 5, got \\[6\\]"):
         qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[6])
+
+
+@pytest.mark.parametrize("d_k", [4, 8])
+def test_pairings_matrices_draw_each_pairings_rotation(d_k):
+    figure = qkv.diagrams.pairings(d_k, matrices=True)
+    rows = next(ax for ax in figure.axes if ax.get_label() not in ("R-interleaved", "R-half"))
+    colours = {p.get_gid(): matplotlib.colors.to_hex(p.get_facecolor()) for p in rows.patches if p.get_gid()}
+    for pairing in ("interleaved", "half"):
+        (ax,) = [ax for ax in figure.axes if ax.get_label() == f"R-{pairing}"]
+        turning = qkv.RotaryEmbedding(d_k, pairing=pairing, angle_dtype=torch.float64).matrix(1)
+        cells = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+        texts = {t.get_gid(): t.get_text() for t in ax.texts}
+        nonzero = {(m, n) for m in range(d_k) for n in range(d_k) if turning[m, n] != 0}
+        assert {f"R-{pairing}-{m}-{n}" for m, n in nonzero} == set(cells)  # zeros left blank
+        for m, n in nonzero:
+            sign = "c" if m == n else ("−s" if turning[m, n] < 0 else "s")
+            assert texts[f"R-{pairing}-{m}-{n}:text"] == sign
+            colour = matplotlib.colors.to_hex(cells[f"R-{pairing}-{m}-{n}"].get_facecolor())
+            assert colour == colours[f"{pairing}-{m}"]  # the colour of row m's pair, as in the rows
+    (blocks,) = [ax for ax in figure.axes if ax.get_label() == "R-interleaved"]
+    drawn = {tuple(map(int, p.get_gid().split("-")[2:])) for p in blocks.patches if p.get_gid()}
+    assert drawn == {(m, n) for m in range(d_k) for n in range(d_k) if m // 2 == n // 2}  # 2×2 blocks
+    plain = qkv.diagrams.pairings(d_k)  # the default: the rows and arrows alone, as before
+    assert len(plain.axes) == 1 and plain.get_size_inches()[1] == pytest.approx(1.9)
+    with pytest.raises(TypeError, match="matrices must be a bool"):
+        qkv.diagrams.pairings(d_k, matrices="yes")
+
+
+def test_value_shift_by_token_names_tokens_not_positions():
+    q, k, v, rope = _value_shift_inputs()
+    figure = qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[0, 2, 5], by_token=True)
+    labels = sorted(t.get_text() for t in figure.axes[1].texts if (t.get_gid() or "").startswith("t-1-"))
+    assert labels == ["token 0", "token 2", "token 5"]
+    legend = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert legend == ["outputs of tokens 0, 2, 5 at positions 0 to 5",
+                      "the same tokens' outputs at positions 100 to 105"]  # fmt: skip
+    assert all("o_t" not in ax.get_title() for ax in figure.axes)
+    default = qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[0, 2, 5])  # unchanged: by t
+    assert "$o_t$" in default.axes[0].get_title()
+    assert "(t = 0, 2, 5 drawn)" in default.legends[0].get_texts()[0].get_text()
+    with pytest.raises(TypeError, match="by_token must be a bool"):
+        qkv.diagrams.value_shift(q, k, v, rope, 100, by_token=1)

@@ -10,7 +10,7 @@ The page :doc:`rotary` (book/rotary.ipynb).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -303,7 +303,7 @@ def position_scores(
     return figure
 
 
-def pairings(d_k: int = 8) -> Figure:
+def pairings(d_k: int = 8, *, matrices: bool = False) -> Figure:
     """Which dimensions of a head turn together, in each pairing, and the renumbering between them.
 
     Two rows of ``d_k`` cells, one per dimension, numbered: interleaved (Meta's
@@ -320,12 +320,21 @@ def pairings(d_k: int = 8) -> Figure:
     ----------
     d_k : int
         The head size, even.
+    matrices : bool
+        Also draw, under the rows, each pairing's rotation R_t as a ``d_k`` × ``d_k``
+        grid (it acts on a column, ``R_t @ q``, as :meth:`qkv.RotaryEmbedding.matrix`
+        gives it): its nonzero entries in their pair's colour, ``c`` (cos tθ_j) on
+        the diagonal, ``-s`` and ``s`` (∓sin tθ_j) where a dimension meets its
+        partner, zeros blank. Default False: the rows and arrows alone.
 
     Returns
     -------
     matplotlib.figure.Figure
         Cell m of each row is a rectangle with ``gid`` ``"{pairing}-{m}"``, coloured by
-        its pair; the lines have ``gid`` ``"move-{m}"`` (m: the interleaved row).
+        its pair; the lines have ``gid`` ``"move-{m}"`` (m: the interleaved row). With
+        ``matrices``, the entry (m, n) of each R_t is a rectangle with ``gid``
+        ``"R-{pairing}-{m}-{n}"`` and its text ``c``, ``-s`` or ``s``, on the axes
+        labelled ``"R-{pairing}"``.
 
     See Also
     --------
@@ -346,18 +355,35 @@ def pairings(d_k: int = 8) -> Figure:
     d_k = require_positive_int("d_k", d_k)
     if d_k % 2:
         raise ValueError(f"d_k must be even to pair its dimensions, got {d_k}")
+    if not isinstance(matrices, bool):
+        raise TypeError(f"matrices must be a bool, got {type(matrices).__name__}")
     rows = {
         "interleaved": (1.0, "interleaved: 2j with 2j + 1\n(Meta's code; GPT-J style)"),
         "half": (0.0, "half-split: j with j + $d_k/2$\n(HF's Llama; GPT-NeoX style)"),
     }
-    figure = Figure(figsize=(2.6 + 0.6 * d_k, 1.9), dpi=100, layout="constrained")
-    ax = figure.subplots()
+    turnings = {  # R_1, (d_k, d_k) each: every pair's sine is positive at t = 1 (θ_j ≤ 1 rad)
+        pairing: RotaryEmbedding(d_k, pairing=pairing, angle_dtype=torch.float64).matrix(1)
+        for pairing in rows
+    }
+
+    def pair_colour(pairing: str, m: int) -> str:  # dimension m turns with the other nonzero entry of row m
+        turning = turnings[pairing]
+        partner = next(n for n in range(d_k) if n != m and turning[m, n] != 0)
+        j = min(m, partner) // (2 if pairing == "interleaved" else 1)  # its pair
+        return HEAD_COLOURS[j % len(HEAD_COLOURS)]
+
+    width = 2.6 + 0.6 * d_k
+    figure = Figure(figsize=(width, 1.9 + (0.45 * width if matrices else 0.0)), dpi=100, layout="constrained")
+    if matrices:
+        axes = figure.subplot_mosaic("RR;IH", height_ratios=[1.9, 0.45 * width])  # the rows; each R_t
+        ax = axes["R"]
+        for pairing, place in (("interleaved", "I"), ("half", "H")):
+            _rotation_grid(axes[place], turnings[pairing], pairing, pair_colour)
+    else:
+        ax = figure.subplots()
     for pairing, (y, label) in rows.items():
-        turning = RotaryEmbedding(d_k, pairing=pairing, angle_dtype=torch.float64).matrix(1)  # (d_k, d_k)
-        for m in range(d_k):  # dimension m turns with the other nonzero entry of row m
-            partner = next(n for n in range(d_k) if n != m and turning[m, n] != 0)
-            j = min(m, partner) // (2 if pairing == "interleaved" else 1)  # its pair
-            colour = HEAD_COLOURS[j % len(HEAD_COLOURS)]
+        for m in range(d_k):
+            colour = pair_colour(pairing, m)
             ax.add_patch(Rectangle((m, y), 0.9, 0.5, color=colour, alpha=0.85, gid=f"{pairing}-{m}"))
             ink = ink_on(colour)
             ax.text(m + 0.45, y + 0.25, str(m), ha="center", va="center", color=ink, fontsize=FONT - 1)
@@ -380,7 +406,48 @@ def pairings(d_k: int = 8) -> Figure:
     ax.set_ylim(-0.05, 1.55)
     ax.set_title(r"Dimensions of one colour rotate together (pair $j$, by $t\theta_j$)", fontsize=FONT)
     ax.axis("off")
+    if matrices:
+        figure.supxlabel(
+            r"$R_t$ acts on a column ($R_t q$): c = cos $t\theta_j$, s = sin $t\theta_j$ "
+            "for pair $j$ (its colour); blank: 0",
+            fontsize=FONT - 2,
+            color=TEXT_COLOUR,
+        )
     return figure
+
+
+def _rotation_grid(
+    ax: Axes, turning: torch.Tensor, pairing: str, colour_of: Callable[[str, int], str]
+) -> None:
+    """Draw R_t (d_k, d_k) on ``ax``: nonzero entries in their pair's colour, labelled c, -s or s."""
+    from matplotlib.patches import Rectangle
+
+    d_k = turning.shape[0]
+    titles = {"interleaved": "interleaved: 2×2 blocks", "half": "half-split: partners $d_k/2$ apart"}
+    for m in range(d_k):
+        for n in range(d_k):
+            entry = float(turning[m, n])
+            if entry == 0:
+                ax.add_patch(Rectangle((n, m), 1, 1, facecolor="none", edgecolor="#DDDDDD", linewidth=0.5))
+                continue
+            colour = colour_of(pairing, m)  # row m's pair
+            ax.add_patch(Rectangle((n, m), 1, 1, color=colour, alpha=0.85, gid=f"R-{pairing}-{m}-{n}"))
+            label = "c" if m == n else ("-s" if entry < 0 else "s")
+            ax.text(n + 0.5, m + 0.5, label.replace("-", "−"), ha="center", va="center", fontsize=FONT - 2,
+                    color=ink_on(colour), gid=f"R-{pairing}-{m}-{n}:text")  # fmt: skip
+    ax.set_xlim(0, d_k)
+    ax.set_ylim(d_k, 0)  # row 0 at the top, as a matrix is written
+    ax.set_aspect("equal")
+    ticks = [m + 0.5 for m in range(d_k)]
+    ax.set_xticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 3)
+    ax.set_yticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 3)
+    ax.tick_params(length=0)
+    ax.set_xlabel("input dimension", fontsize=FONT - 2)
+    ax.set_ylabel("output dimension", fontsize=FONT - 2)
+    ax.set_title(f"$R_t$, {titles[pairing]}", fontsize=FONT - 1)
+    ax.set_label(f"R-{pairing}")
+    for side in ax.spines.values():
+        side.set_visible(False)
 
 
 def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: bool = True) -> Figure:
@@ -586,6 +653,7 @@ def value_shift(
     *,
     pair: int = 0,
     shown: Sequence[int] | None = None,
+    by_token: bool = False,
 ) -> Figure:
     """What shifting the whole sequence does to one head's outputs, with raw and with rotated values.
 
@@ -611,13 +679,19 @@ def value_shift(
         Which pair of dimensions j to draw (0, the fastest, by default).
     shown : sequence of int, optional
         Which outputs t to draw (all by default): fewer, where outputs crowd together.
+    by_token : bool
+        Name each output by its token, the row of the inputs (``token 2``), not by
+        ``t`` (``t=2``), and say "output" for ``o_t`` in the titles and the legend: t
+        is a position, and a shifted token's output sits at position t + shift.
+        Default False: labelled by t.
 
     Returns
     -------
     matplotlib.figure.Figure
         In panel n (0: raw values, 1: rotated), the markers are lines with ``gid``
         ``"before-{n}"`` (circles, the sequence at 0) and ``"after-{n}"`` (crosses,
-        shifted); their data are the outputs drawn. Label t has ``gid`` ``"t-{n}-{t}"``.
+        shifted); their data are the outputs drawn. Label t has ``gid`` ``"t-{n}-{t}"``
+        (its text ``t=2``, or ``token 2`` with ``by_token``).
 
     See Also
     --------
@@ -659,6 +733,17 @@ def value_shift(
     drawn = list(range(T)) if shown is None else [int(t) for t in shown]
     if not drawn or any(not 0 <= t < T for t in drawn):
         raise ValueError(f"shown must name outputs t between 0 and {T - 1}, got {list(shown or [])}")
+    if not isinstance(by_token, bool):
+        raise TypeError(f"by_token must be a bool, got {type(by_token).__name__}")
+    if by_token:
+        tokens = "the tokens" if drawn == list(range(T)) else f"tokens {', '.join(map(str, drawn))}"
+        legend = (f"outputs of {tokens} at positions 0 to {T - 1}",
+                  f"the same tokens' outputs at positions {shift} to {shift + T - 1}")  # fmt: skip
+        output, label_of = "output", "token {}".format
+    else:
+        legend = (f"$o_t$, the sequence at positions 0 to {T - 1}{_listed(drawn, T)}",
+                  f"the same $o_t$, shifted to {shift} to {shift + T - 1}")  # fmt: skip
+        output, label_of = "$o_t$", "t={}".format
 
     def outputs(first: int, rotate_values: bool) -> torch.Tensor:  # (T, 2): o_t in the pair's plane
         positions = torch.arange(first, first + T)
@@ -693,9 +778,9 @@ def value_shift(
                     "mutation_scale": 10})  # fmt: skip
         arcs_of[n] = arcs
         ax.plot(before[:, 0], before[:, 1], "o", color=before_colour, markersize=6, gid=f"before-{n}",
-                label=f"$o_t$, the sequence at positions 0 to {T - 1}{_listed(drawn, T)}")  # fmt: skip
+                label=legend[0])  # fmt: skip
         ax.plot(after[:, 0], after[:, 1], "x", color=after_colour, markersize=9, mew=2, gid=f"after-{n}",
-                label=f"the same $o_t$, shifted to {shift} to {shift + T - 1}")  # fmt: skip
+                label=legend[1])  # fmt: skip
         ax.plot(0, 0, "+", color="#777777", markersize=10, zorder=1.5)  # the origin
         ax.set(xlim=(low[0], high[0]), ylim=(low[1], high[1]), aspect="equal")
         ax.set_xlabel(f"output dimension {a}", fontsize=FONT - 1)
@@ -703,9 +788,9 @@ def value_shift(
         ax.tick_params(labelsize=FONT - 3)
     turned_by = f"{turn:+.0f}°".replace("-", "−")
     radians = f"{shift * rotary.frequencies()[pair].item():.3g}".replace("-", "−")  # c·θ_j, unreduced
-    axes[0].set_title("raw values: every $o_t$ stays put", fontsize=FONT)
+    axes[0].set_title(f"raw values: every {output} stays put", fontsize=FONT)
     axes[1].set_title(
-        f"rotated values: in pair {pair}'s plane, every $o_t$\n"
+        f"rotated values: in pair {pair}'s plane, every {output}\n"
         f"rotates by $c\\theta_{pair}$ = {radians} rad ≡ {turned_by}",
         fontsize=FONT,
     )
@@ -717,7 +802,9 @@ def value_shift(
     for n, ax in enumerate(axes):
         before, after = placed[(n, 0)], placed[(n, shift)]  # (T, 2) each
         markers = [*map(tuple, before.tolist()), *map(tuple, after.tolist()), (0.0, 0.0)]
-        labels = {f"t-{n}-{t}": (f"t={t}", tuple(xy)) for t, xy in zip(drawn, before.tolist(), strict=True)}
+        labels = {
+            f"t-{n}-{t}": (label_of(t), tuple(xy)) for t, xy in zip(drawn, before.tolist(), strict=True)
+        }
         _place_labels(ax, labels, markers, arcs_of[n])
     return figure
 
