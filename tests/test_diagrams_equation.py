@@ -110,6 +110,31 @@ def test_mask_conventions_can_leave_out_hugging_face_and_centre_the_mistake():
     assert cells(default, "hugging face").text[0] == ["1", "1", "0", "0"]
 
 
+def test_mask_conventions_can_mark_the_padding_keys_in_every_panel():
+    """masks' cold reader could not tell from the mistake's panel that its weights land on pads."""
+    from qkv.diagrams._draw import contrast_ratio
+
+    mask = qkv.padding_mask([2, 4], 4)[:, 0, 0]  # (B, S), True = may attend
+    weights = torch.tensor([[0.0, 0.0, 0.5, 0.5], [math.nan] * 4])
+    figure = qkv.diagrams.mask_conventions(mask, weights, hugging_face=False, mark_padding=True)
+    for ax, name in zip(figure.axes, ("sdpa", "torch", "inverted"), strict=True):
+        pads = [label for label in ax.texts if label.get_text() == "pad"]
+        marked = sorted((round(label.get_position()[1]), round(label.get_position()[0])) for label in pads)
+        assert marked == [(0, 2), (0, 3)], name  # sequence 0's keys 2 and 3, nothing else
+        grid = cells(figure, name)
+        for label in pads:  # as readable as the cell's own label
+            s, b = (round(v) for v in label.get_position())
+            under = "#FFFFFF" if grid.hatched[b][s] else grid.colours[b][s]
+            assert contrast_ratio(label.get_color(), under) >= 4.5, (name, b, s)
+            assert label.get_gid() == f"{name}:pad:{b}:{s}"
+    inverted = cells(figure, "inverted")  # the cells themselves are drawn as before
+    assert inverted.text[0] == ["0.00", "0.00", "0.50", "0.50"] and not any(inverted.hatched[0][2:])
+    default = qkv.diagrams.mask_conventions(mask, weights, hugging_face=False)  # unchanged
+    assert not any(label.get_text() == "pad" for ax in default.axes for label in ax.texts)
+    centred = [label.get_position() for label in default.axes[2].texts]
+    assert all(y == round(y) for _, y in centred)  # labels stay centred in their cells
+
+
 def test_mask_conventions_labels_read_at_4_5_to_1_on_their_cells():
     """WCAG AA for text: white on the key colour was 3.87:1; each label now reads at 4.5:1."""
     from qkv.diagrams._draw import contrast_ratio

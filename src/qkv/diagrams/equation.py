@@ -29,7 +29,7 @@ means in each library, and where NaN comes from).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -622,6 +622,7 @@ def mask_conventions(
     *,
     title: str | None = None,
     hugging_face: bool = True,
+    mark_padding: bool = False,
 ) -> Figure:
     """One padded batch's key mask in each library's convention, and a query's weights when it is inverted.
 
@@ -639,6 +640,9 @@ def mask_conventions(
     With ``hugging_face=False`` the Hugging Face panel, SDPA's pattern written as 1
     and 0, is left out and SDPA's heading names Hugging Face's ``.bool()`` instead:
     the two conventions side by side, and the mistake's panel centred under them.
+    With ``mark_padding=True`` each padding key's cell (False in ``may_attend``) also
+    reads "pad" under its label, in every panel, so a reader sees that the mistake's
+    weights land on the padding.
 
     Parameters
     ----------
@@ -653,6 +657,9 @@ def mask_conventions(
     hugging_face : bool, default True
         Draw Hugging Face's ``attention_mask`` as a panel of its own. False leaves it
         out, since it repeats SDPA's panel as 1 and 0, and says so in SDPA's heading.
+    mark_padding : bool, default False
+        Write "pad" in each padding key's cell, under its label, in every panel. The
+        default leaves the cells as they were.
 
     Returns
     -------
@@ -752,7 +759,12 @@ def mask_conventions(
                 _mask_cell(ax, b, s, colour, hatched=not (is_open or is_nan), gid=f"{name}:{b}:{s}")
                 ink = readable_ink(colour) if is_open or is_nan else TEXT_COLOUR  # >= 4.5:1
                 box = None if is_open or is_nan else {"facecolor": "white", "edgecolor": "none", "pad": 3}
-                ax.text(s, b, text[b][s], ha="center", va="center", fontsize=FONT - 2, color=ink, bbox=box)
+                is_pad = mark_padding and not bool(allowed[b, s])  # a padding key, in any convention
+                label_y = b - 0.12 if is_pad else b  # room for "pad" under the label
+                style: dict[str, Any] = {"ha": "center", "va": "center", "color": ink, "bbox": box}
+                ax.text(s, label_y, text[b][s], fontsize=FONT - 2, **style)
+                if is_pad:
+                    ax.text(s, b + 0.3, "pad", fontsize=FONT - 4, gid=f"{name}:pad:{b}:{s}", **style)
                 colours[-1].append(colour)
                 hatched[-1].append(not is_open and not is_nan)
         register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
