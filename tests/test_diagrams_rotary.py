@@ -69,13 +69,14 @@ def test_before_gives_the_angle_from_q_to_k_before_rotation():
     assert titles[0].endswith("\nq to k: +90° → +33°")  # before, then after rotation
     assert titles[1].endswith("\nq to k: +90° → −25°")
     assert "before → after" in figure.legends[0].get_title().get_text()
-    outline = next(p for p in figure.axes[0].patches if p.get_gid() == "q-raw")
+    raw = next(p for p in figure.axes[0].patches if p.get_gid() == "q-raw")
     turned = next(p for p in figure.axes[0].patches if p.get_gid() == "q-rotated-0")
-    assert matplotlib.colors.to_hex(outline.get_facecolor()) == "#ffffff"  # an outline
-    assert matplotlib.colors.to_hex(outline.get_edgecolor()) == ROLE_COLOURS["q"].lower()
-    assert outline.get_alpha() is None  # as strong as the turned arrow, and as wide:
-    widths = [math.dist(*p.get_xy()[[0, -2]]) for p in (outline, turned)]  # the tail's ends
-    assert widths[0] == pytest.approx(widths[1])
+    assert matplotlib.colors.to_hex(raw.get_facecolor()) == ROLE_COLOURS["q"].lower()
+    assert raw.get_alpha() is None  # as strong as the turned arrow, but thinner:
+    widths = [math.dist(*p.get_xy()[[3, 4]]) for p in (raw, turned)]  # the tail's two corners
+    assert widths[1] == pytest.approx(6 * widths[0])  # 0.024 and 0.004 of the reach
+    legend = {h.get_label(): h.get_linewidth() for h in figure.legends[0].legend_handles}
+    assert legend["q rotated by t·θ"] > legend["q before"]  # the legend: thick turned, thin before
     plain = qkv.diagrams.rotation(q, k, rope, [(1, 0)])  # the default: no angle before
     assert "→" not in plain.axes[0].get_title()
     pale = next(p for p in plain.axes[0].patches if p.get_gid() == "q-raw")

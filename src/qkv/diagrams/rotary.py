@@ -66,8 +66,9 @@ def rotation(
     title that a causal model masks that score. With ``before``, the figure reads as a
     turn: each title gives the angle from q to k before and after rotation
     (``q to k: +146° → +31°``), so that the turn by ``(s - t) · θ_j`` reads off the two
-    numbers, and the arrows before rotation are drawn as outlines as wide as the turned
-    arrows (filled), which read in print and on a dark page alike.
+    numbers, and the arrows before rotation are thin and full-coloured, under turned
+    arrows six times as wide (thin beside thick reads in print and on a dark page
+    alike), as the legend draws them.
 
     Parameters
     ----------
@@ -83,8 +84,9 @@ def rotation(
         Whether to mark the panels with s > t as masked in a causal model.
     before : bool
         Whether each panel's title gives the angle from q to k before rotation too, and
-        the arrows before rotation are outlines (False by default: the title gives the
-        angle after rotation only, and the arrows before rotation are thin and pale).
+        the arrows before rotation are thin and full-coloured, the turned ones thick
+        (False by default: the title gives the angle after rotation only, the arrows
+        before rotation are thin and pale, and the turned ones half as thick).
 
     Returns
     -------
@@ -109,7 +111,7 @@ def rotation(
     require_matplotlib()
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
-    from matplotlib.patches import Arc, FancyArrow, Patch
+    from matplotlib.patches import Arc, FancyArrow
 
     if not isinstance(rotary, RotaryEmbedding):
         raise TypeError(f"rotary must be a qkv.RotaryEmbedding, got {type(rotary).__name__}")
@@ -144,14 +146,14 @@ def rotation(
             (raw_k, ROLE_COLOURS["k"], True, "k-raw"),
             (q, ROLE_COLOURS["q"], False, f"q-rotated-{n}"),
             (k, ROLE_COLOURS["k"], False, f"k-rotated-{n}"),
-        ):  # before: thin and pale (a dashed outline renders jagged), or with `before` an
-            # outline as wide as the turned arrow, drawn under it; turned: full
-            outline = raw and before
+        ):  # turned: full. Before: thin and pale (a dashed outline renders jagged), or with
+            # `before` thin and full-coloured under turned arrows six times as wide, which
+            # reads in print and on a dark page alike, and as the legend draws them
+            width = (0.004 if raw else 0.024 if before else 0.012) * reach
             ax.add_patch(FancyArrow(
-                0, 0, tip_x, tip_y, width=(0.004 if raw and not before else 0.012) * reach,
-                head_width=0.07 * reach, length_includes_head=True, facecolor="white" if outline else colour,
-                edgecolor=colour, linewidth=1.3 if outline else 0, alpha=0.4 if raw and not before else None,
-                gid=gid,
+                0, 0, tip_x, tip_y, width=width, head_width=(0.05 if raw and before else 0.07) * reach,
+                length_includes_head=True, facecolor=colour, linewidth=0,
+                alpha=0.4 if raw and not before else None, gid=gid,
             ))  # fmt: skip
         angle_q, angle_k = math.degrees(math.atan2(q[1], q[0])), math.degrees(math.atan2(k[1], k[0]))
         between = (angle_k - angle_q + 180) % 360 - 180  # from the query to the key, in (-180, 180]
@@ -179,16 +181,14 @@ def rotation(
         ax.set_ylabel(f"dimension {b} of the head", fontsize=FONT - 1)
         ax.set_xticks([])
         ax.set_yticks([])
-    handles: list[Line2D | Patch] = [
-        Line2D([], [], color=ROLE_COLOURS["q"], linewidth=2.5, label="q rotated by t·θ"),
-        Line2D([], [], color=ROLE_COLOURS["k"], linewidth=2.5, label="k rotated by s·θ"),
+    handles: list[Line2D] = [
+        Line2D([], [], color=ROLE_COLOURS["q"], linewidth=3.5 if before else 2.5, label="q rotated by t·θ"),
+        Line2D([], [], color=ROLE_COLOURS["k"], linewidth=3.5 if before else 2.5, label="k rotated by s·θ"),
     ]
-    for name in ("q", "k"):  # the arrows before rotation: outlines with `before`, else pale
-        colour = ROLE_COLOURS[name]
-        if before:
-            handles.append(Patch(facecolor="white", edgecolor=colour, linewidth=1.3, label=f"{name} before"))
-        else:
-            handles.append(Line2D([], [], color=colour, alpha=0.4, linewidth=1, label=f"{name} before"))
+    for name in ("q", "k"):  # the arrows before rotation: thin, and with `before` full-coloured
+        alpha = None if before else 0.4
+        handles.append(Line2D([], [], color=ROLE_COLOURS[name], alpha=alpha, linewidth=1,
+                              label=f"{name} before"))
     caption = f"Pair {pair} (θ = {theta:.3g} rad per position); angles counter-clockwise from q to k"
     if before:
         caption += ", before → after rotation"
