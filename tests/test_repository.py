@@ -180,6 +180,14 @@ def test_toc_lists_every_page_and_only_existing_ones() -> None:
     assert not unlisted, f"pages in book/ missing from _toc.yml: {unlisted}"
 
 
+def test_front_page_links_every_deeper_page() -> None:
+    """book/intro.md lists each question's deeper pages under it: a new one is listed too."""
+    intro = (BOOK / "intro.md").read_text(encoding="utf-8")
+    deeper = [name.removeprefix("book/") for name in _toc_files() if name.count("/") == 2]
+    unlinked = [name for name in deeper if f"{{doc}}`{name}`" not in intro]
+    assert not unlinked, f"book/intro.md does not link these deeper pages: {unlinked}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_is_executed_top_to_bottom(path: Path) -> None:
     counts = [cell.get("execution_count") for cell in _code_cells(path)]
