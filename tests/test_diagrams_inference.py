@@ -228,6 +228,15 @@ def test_cache_growth_adds_a_row_and_a_column_masked_for_earlier_rows(cached):
         cache_growth(0)
 
 
+def test_cache_growth_names_its_axes_only_when_asked():
+    plain, named = cache_growth(4), cache_growth(4, axis_labels=True)
+    assert not any("key $s$" in t or "query $t$" in t for t in texts_of(plain))  # default
+    labels = [t for t in named.axes[0].texts if t.get_gid() in ("axis-query", "axis-key")]
+    assert sorted(t.get_text() for t in labels) == ["key $s$", "key $s$", "query $t$"]
+    assert [t.get_rotation() for t in labels if t.get_gid() == "axis-query"] == [90.0]
+    after = qkv.diagrams.cells  # the same matrices, labelled or not
+    assert after(named, "after") == after(plain, "after")
+
 # --- attention_map -----------------------------------------------------------------------------
 
 

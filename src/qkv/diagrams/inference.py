@@ -1084,7 +1084,7 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
     return figure
 
 
-def cache_growth(cached: int) -> Figure:
+def cache_growth(cached: int, *, axis_labels: bool = False) -> Figure:
     """The causal score matrix before and after one decoding step: one new row, one new column.
 
     Left, the ``cached × cached`` scores :math:`q_t k_s^\\top` of the tokens so far (row
@@ -1100,6 +1100,9 @@ def cache_growth(cached: int) -> Figure:
     ----------
     cached : int
         Tokens before the step (at least 1).
+    axis_labels : bool, default False
+        Name the axes: "query t" down the left of the first matrix (rows) and "key s"
+        under each (columns). Off by default, which draws the figure as before.
 
     Returns
     -------
@@ -1153,6 +1156,12 @@ def cache_growth(cached: int) -> Figure:
     for gid, (x, y, w, h) in outlines:
         outline = Rectangle((x, y), w, h, fill=False, edgecolor=EDGE_COLOUR, linewidth=1.8, gid=gid)
         canvas.ax.add_patch(outline)
+    if axis_labels:  # rows are queries t, columns keys s, in both matrices
+        canvas.text(margin - scale.units(0.06), top + cached / 2, "query $t$", ha="right",
+                    rotation=90, size=0.85, gid="axis-query")  # fmt: skip
+        for x, n in ((margin, cached), (x_after, rows)):
+            canvas.text(x + n / 2, top + n + scale.units(0.04), "key $s$", va="top", size=0.85,
+                        gid="axis-key")  # fmt: skip
     x_text = x_after + rows + scale.units(0.12)
     canvas.text(x_text, top + cached + 0.5, f"new query: a new row, 1 × {rows}:\nall a cached step computes",
                 ha="left", size=0.85)  # fmt: skip
