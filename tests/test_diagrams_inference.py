@@ -237,6 +237,19 @@ def test_cache_growth_names_its_axes_only_when_asked():
     after = qkv.diagrams.cells  # the same matrices, labelled or not
     assert after(named, "after") == after(plain, "after")
 
+def test_cache_growth_can_show_the_row_the_step_before_computed():
+    plain, shown = cache_growth(4), cache_growth(4, previous_row=True)
+    before, old = qkv.diagrams.cells(shown, "before"), qkv.diagrams.cells(plain, "before")
+    assert before.colours[:3] == old.colours[:3]  # earlier rows: pale, as by default
+    full = qkv.diagrams.cells(shown, "after").colours[4][0]  # the new row's colour
+    assert before.colours[3][0] == full != old.colours[3][0]  # its last row: full colour
+    assert before.hatched == old.hatched  # the same mask
+    assert qkv.diagrams.cells(shown, "after") == qkv.diagrams.cells(plain, "after")
+    assert any("the one row each cached step computes" in t for t in texts_of(shown))
+    assert not any("the one row each cached step computes" in t for t in texts_of(plain))
+    assert any("only K and V are cached" in t for t in texts_of(shown))
+
+
 # --- attention_map -----------------------------------------------------------------------------
 
 
