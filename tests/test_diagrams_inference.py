@@ -228,6 +228,28 @@ def test_cache_growth_adds_a_row_and_a_column_masked_for_earlier_rows(cached):
         cache_growth(0)
 
 
+def test_cache_growth_names_its_axes_only_when_asked():
+    plain, named = cache_growth(4), cache_growth(4, axis_labels=True)
+    assert not any("key $s$" in t or "query $t$" in t for t in texts_of(plain))  # default
+    labels = [t for t in named.axes[0].texts if t.get_gid() in ("axis-query", "axis-key")]
+    assert sorted(t.get_text() for t in labels) == ["key $s$", "key $s$", "query $t$"]
+    assert [t.get_rotation() for t in labels if t.get_gid() == "axis-query"] == [90.0]
+    after = qkv.diagrams.cells  # the same matrices, labelled or not
+    assert after(named, "after") == after(plain, "after")
+
+def test_cache_growth_can_show_the_row_the_step_before_computed():
+    plain, shown = cache_growth(4), cache_growth(4, previous_row=True)
+    before, old = qkv.diagrams.cells(shown, "before"), qkv.diagrams.cells(plain, "before")
+    assert before.colours[:3] == old.colours[:3]  # earlier rows: pale, as by default
+    full = qkv.diagrams.cells(shown, "after").colours[4][0]  # the new row's colour
+    assert before.colours[3][0] == full != old.colours[3][0]  # its last row: full colour
+    assert before.hatched == old.hatched  # the same mask
+    assert qkv.diagrams.cells(shown, "after") == qkv.diagrams.cells(plain, "after")
+    assert any("the one row each cached step computes" in t for t in texts_of(shown))
+    assert not any("the one row each cached step computes" in t for t in texts_of(plain))
+    assert any("only K and V are cached" in t for t in texts_of(shown))
+
+
 # --- attention_map -----------------------------------------------------------------------------
 
 

@@ -1084,7 +1084,7 @@ def kv_sharing(layers: Sequence[object], *, title: str | None = None) -> Figure:
     return figure
 
 
-def cache_growth(cached: int) -> Figure:
+def cache_growth(cached: int, *, axis_labels: bool = False, previous_row: bool = False) -> Figure:
     """The causal score matrix before and after one decoding step: one new row, one new column.
 
     Left, the ``cached × cached`` scores :math:`q_t k_s^\\top` of the tokens so far (row
@@ -1100,6 +1100,13 @@ def cache_growth(cached: int) -> Figure:
     ----------
     cached : int
         Tokens before the step (at least 1).
+    axis_labels : bool, default False
+        Name the axes: "query t" down the left of the first matrix (rows) and "key s"
+        under each (columns). Off by default, which draws the figure as before.
+    previous_row : bool, default False
+        Draw the first matrix's last row in full colour too: the one row the step
+        before computed, so each matrix shows its own step's row and the legend says
+        so. Off by default, which draws the first matrix all pale, as before.
 
     Returns
     -------
@@ -1135,7 +1142,8 @@ def cache_growth(cached: int) -> Figure:
     light = _lighter(_lighter(colour))  # paler still: not computed in a cached step
 
     def cells_of(n: int, new: bool) -> tuple[list[list[str]], list[list[bool]]]:
-        colours = [[colour if new and t == n - 1 else light for s in range(n)] for t in range(n)]
+        latest = new or previous_row  # this matrix's last row: computed at its own step
+        colours = [[colour if latest and t == n - 1 else light for s in range(n)] for t in range(n)]
         return colours, [[s > t for s in range(n)] for t in range(n)]
 
     for name, x, n, new in (("before", margin, cached, False), ("after", margin + cached + gap, rows, True)):
@@ -1153,13 +1161,25 @@ def cache_growth(cached: int) -> Figure:
     for gid, (x, y, w, h) in outlines:
         outline = Rectangle((x, y), w, h, fill=False, edgecolor=EDGE_COLOUR, linewidth=1.8, gid=gid)
         canvas.ax.add_patch(outline)
+    if axis_labels:  # rows are queries t, columns keys s, in both matrices
+        canvas.text(margin - scale.units(0.06), top + cached / 2, "query $t$", ha="right",
+                    rotation=90, size=0.85, gid="axis-query")  # fmt: skip
+        for x, n in ((margin, cached), (x_after, rows)):
+            canvas.text(x + n / 2, top + n + scale.units(0.04), "key $s$", va="top", size=0.85,
+                        gid="axis-key")  # fmt: skip
     x_text = x_after + rows + scale.units(0.12)
     canvas.text(x_text, top + cached + 0.5, f"new query: a new row, 1 × {rows}:\nall a cached step computes",
                 ha="left", size=0.85)  # fmt: skip
     canvas.text(x_text, middle, "new key: a new column,\nmasked for earlier rows", ha="left", size=0.85)
+    pale = (
+        "full colour: the one row each cached step computes (left: the step before)\n"
+        "pale: computed at earlier steps, unchanged, and not kept (only K and V are cached)"
+        if previous_row
+        else "pale: not computed in a cached step (computed at earlier steps, unchanged,\n"
+        "and not kept: only K and V are cached)"
+    )
     legend = (
-        "pale: not computed in a cached step (computed at earlier steps, unchanged,\n"
-        "and not kept: only K and V are cached)\nhatched: masked (a later key)\n"
+        f"{pale}\nhatched: masked (a later key)\n"
         f"T queries × S keys: a full pass, T = S = {rows}; a cached step, T = 1, S = {rows}"
     )
     canvas.text(margin, top + rows + scale.below + scale.line, legend, ha="left", va="top", size=0.85)
