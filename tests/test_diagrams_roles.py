@@ -369,3 +369,24 @@ def test_tied_preference_reach_and_shade_show_more_of_the_half_plane_and_default
         qkv.diagrams.tied_preference(queries, reach=1.0)
     with pytest.raises(ValueError, match="shade must be an opacity"):
         qkv.diagrams.tied_preference(queries, shade=0)
+
+
+def test_head_colours_give_each_head_its_own_strip_colour_and_default_as_before():
+    from matplotlib.colors import to_hex
+
+    mha = qkv.MultiHeadAttention(24, 12)  # 12 heads: more than the nine HEAD_COLOURS
+    x = torch.randn(5, 24)
+
+    def strip(figure) -> list[str]:
+        return [to_hex(p.get_facecolor()) for p in qkv.diagrams.patches_by_gid(figure, "heads:Q")]
+
+    plain = qkv.diagrams.data_flow(x, mha)
+    assert strip(plain) == [HEAD_COLOURS[i % 9].lower() for i in range(12)]  # as before
+    assert any("colours repeat after 9" in t for t in texts_of(plain))
+    twelve = [*HEAD_COLOURS, "#ee7733", "#bbbbbb", "#000000"]
+    distinct = qkv.diagrams.data_flow(x, mha, head_colours=twelve)
+    assert strip(distinct) == [c.lower() for c in twelve]  # no two heads alike
+    assert len(set(strip(distinct))) == 12
+    assert not any("repeat" in t for t in texts_of(distinct))
+    with pytest.raises(ValueError, match="at least 12 colours"):
+        qkv.diagrams.data_flow(x, mha, head_colours=HEAD_COLOURS)

@@ -20,7 +20,6 @@ from qkv.diagrams._draw import (
     HEAD_COLOURS,
     ROLE_COLOURS,
     TEXT_COLOUR,
-    head_colour,
     layer_inputs,
     math,
     readable_ink,
@@ -65,6 +64,7 @@ def data_flow(
     output_projection: bool = False,
     paper: bool = False,
     weights_note: Sequence[str] | None = None,
+    head_colours: Sequence[str] | None = None,
 ) -> Figure:
     """Input, learned weights and products: X → (X W^Q + b^Q, W^Q entering from the side) → Q → attention.
 
@@ -123,6 +123,10 @@ def data_flow(
         With ``paper=True``, the three lines written under the weights (gid
         ``"paper:W"``) instead of the default, that some texts loosely call them Q, K,
         V: a page that cites no such text can say what the weights are instead.
+    head_colours : sequence of str, optional
+        The strips' colours, one per head, in order (at least as many as the most
+        heads a strip has), so that no two heads share a colour; default the book's
+        ``HEAD_COLOURS``, repeating after nine heads (the strips' label says so).
 
     Returns
     -------
@@ -165,12 +169,16 @@ def data_flow(
     weights_lines = loose_use if weights_note is None else tuple(weights_note)
     if len(weights_lines) != 3 or not all(isinstance(line, str) for line in weights_lines):
         raise ValueError(f"weights_note must be three lines of text, but got {weights_note!r}")
+    palette = HEAD_COLOURS if head_colours is None else tuple(head_colours)
     names = dict(code or {})
     unknown = sorted(set(names) - set(NAMES))
     if unknown:
         raise ValueError(f"code has names {unknown} that the picture does not draw; it draws {list(NAMES)}")
 
     h, h_kv, d_k, d_v = weights.num_heads, weights.num_kv_heads, weights.d_k, weights.d_v
+    most = max(h, h_kv)  # the most heads a strip has
+    if head_colours is not None and (len(palette) < most or not all(isinstance(c, str) for c in palette)):
+        raise ValueError(f"head_colours must be at least {most} colours, one per head, not {head_colours!r}")
     self_attention = key is None and value is None
     inputs: list[tuple[str, torch.Tensor, tuple[int, ...]]]
     inputs = [("X", x2, (0, 1, 2))] if self_attention else [("X", x2, (0,)), ("X_K", k2, (1, 2))]
@@ -304,13 +312,14 @@ def data_flow(
         cell = (right - left) / count
         numbered = cell >= 0.14  # room for a digit: up to 6 heads in five columns, 9 in four
         for j in range(count):  # each head in its own colour, as in the book's other head figures
+            colour = palette[j % len(palette)]  # repeating only when fewer colours than heads
             ax.add_patch(Rectangle((left + j * cell, bottom - 0.06 - strip), cell, strip,
-                                   facecolor=head_colour(j),
+                                   facecolor=colour,
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
             if numbered:  # and its number, where a digit fits, in ink that reads at 4.5:1
                 middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
                 ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.55,
-                        color=readable_ink(head_colour(j)), gid=f"head-number:{product}")  # fmt: skip
+                        color=readable_ink(colour), gid=f"head-number:{product}")  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
@@ -349,8 +358,8 @@ def data_flow(
         if (h, d_k) == (h_kv, d_v)
         else f"strips: {h} heads ($Q$), {h_kv} ($K$, $V$), one cell per head"
     )
-    if max(h, h_kv) > len(HEAD_COLOURS):  # too many for a colour each, and too narrow for a digit
-        strips += f" (colours repeat after {len(HEAD_COLOURS)})"
+    if max(h, h_kv) > len(palette):  # too many for a colour each, and too narrow for a digit
+        strips += f" (colours repeat after {len(palette)})"
     ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
             fontsize=FONT * 0.72, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
     if paper:  # what texts call Q, K, V: one note under each column it names
