@@ -299,3 +299,22 @@ def test_weight_storage_rejects_what_it_cannot_cut():
         weight_storage(torch.randn(15, 12), 3)
     with pytest.raises(ValueError, match=r"projection must be \"q\", \"k\" or \"v\", got 'o'"):
         weight_storage(torch.nn.Linear(12, 15), 3, projection="o")
+
+
+def test_beside_draws_method_3_per_head_beside_the_one_product_cut_into_the_same_blocks():
+    x = torch.randn(2, 4, 12)  # a batch: the first sequence is drawn
+    figure = heads_from_one_matrix(x, MHA, beside=True)
+    names = matrix_names(figure)
+    per_head = [f"{m}_{i}" if m == "X" else f"W_{i}^Q" if m == "W" else f"Q_{i}"
+                for i in (1, 2, 3) for m in ("X", "W", "Q")]  # fmt: skip
+    assert names == [*per_head, "X", "W^Q", "Q", "cut Q_1", "cut Q_2", "cut Q_3"]
+    for i in (1, 2, 3):  # the left's products and the right's pieces: one head, one size, one colour
+        for name in (f"Q_{i}", f"cut Q_{i}"):
+            assert size(figure, name) == 4 * 5 and everywhere(figure, name) == {HEADS[i - 1]}
+        assert size(figure, f"W_{i}^Q") == 12 * 5 and everywhere(figure, f"W_{i}^Q") == {HEADS[i - 1]}
+        assert block_colours(figure, "Q", range(5 * (i - 1), 5 * i)) == {HEADS[i - 1]}
+    texts = texts_of(figure)
+    assert {"Method 3: each head alone", "Method 1: one product, then Method 2's cut"} <= set(texts)
+    assert any(".view(B, T, h, d_k)" in t and ".transpose(1, 2)" in t for t in texts)
+    with pytest.raises(TypeError, match="beside"):
+        heads_from_one_matrix(x, MHA, beside=1)  # type: ignore[arg-type]

@@ -52,7 +52,9 @@ def _em(canvas: Canvas, size: float = 1.0) -> float:
     return canvas.inch(canvas.font * size / 72)
 
 
-def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q", cut: bool = False) -> Figure:
+def heads_from_one_matrix(
+    x: object, layer: object, *, projection: str = "q", cut: bool = False, beside: bool = False
+) -> Figure:
     """One big W^Q is h small W_i^Q side by side, and Q = X W^Q is the h products X W_i^Q side by side.
 
     The top row is the fused projection ``X (T, d_model) × W^Q (d_model, h·d_k) =
@@ -79,6 +81,13 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q", cu
         into heads, ``.view(B, T, h, d_k).transpose(1, 2)``, each head's block
         stacked and labelled as the product it equals, ``Q_i = X W_i^Q`` (the
         matrices ``"Q_1"``, ... keep their names; no ``"X_i"`` or ``"W_i^Q"``).
+    beside : bool
+        Draw the two methods side by side instead: on the left, Method 3, one
+        row per head computing ``X × W_i^Q = Q_i`` alone; on the right, Method 1,
+        the one product ``X × W^Q = Q``, and below it Method 2's cut of Q into the
+        same blocks, pulled apart. The left's matrices are named ``"X_1"``,
+        ``"W_1^Q"``, ``"Q_1"``, ...; the right's ``"X"``, ``"W^Q"``, ``"Q"`` and
+        ``"cut Q_1"``, .... Takes precedence over ``cut``.
 
     Returns
     -------
@@ -118,6 +127,8 @@ def heads_from_one_matrix(x: object, layer: object, *, projection: str = "q", cu
     colours = [head_colour(j // d) for j in range(width_out)]
     kind = "head" if projection == "q" or n == weights.num_heads else "K/V head"
 
+    if require_bool("beside", beside):
+        return _methods_beside(x2, fused, per_head, letter, role, kind)
     if require_bool("cut", cut):
         return _one_matrix_cut(x2, fused, per_head, letter, role, kind)
     block_height = max(T, d_in)
@@ -233,6 +244,80 @@ def _one_matrix_cut(
         canvas.text(name_x, y + T / 2, product, ha="left", gid=f"{letter}_{_index(i)}:name")
     bottom = top + n * T + (n - 1) * canvas.inch(head_gap) + canvas.inch(0.05)
     canvas.text(x_heads + d / 2, bottom, f"each ({T}, {d})", va="top", size=0.85)
+    return canvas.fit()
+
+
+def _methods_beside(
+    x2: torch.Tensor, fused: torch.Tensor, per_head: torch.Tensor, letter: str, role: str, kind: str
+) -> Figure:
+    """The ``beside`` form of :func:`heads_from_one_matrix`: Method 3's rows left, Methods 1 and 2 right."""
+    from matplotlib import patheffects
+
+    n, d_in, d = per_head.shape
+    T, width_out = x2.shape[0], fused.shape[1]
+    colours = [head_colour(j // d) for j in range(width_out)]
+    block_height = max(T, d_in)
+    row_room = _ABOVE + _BELOW + 0.1  # inches under and over each of Method 3's rows
+    separator, arrow, piece_gap = 0.7, 0.75, 0.12  # inches: between the sides, the cut's arrows, its pieces
+    left_height = n * block_height  # cells, plus n · row_room inches
+    right_height = block_height + T  # cells, plus the labels, the arrows and the pieces' labels
+    right_inches = _ABOVE + _BELOW + arrow + _BELOW
+    canvas = Canvas(
+        2 * d_in + 2 * d + 2 * width_out,
+        max(left_height, right_height),
+        extra_width=6 * _GAP + separator + (n - 1) * piece_gap / 2,
+        extra_height=_TITLE + _LINE + max(n * row_room, right_inches) + 0.1,
+    )
+    gap = canvas.inch(_GAP)
+    heading_y = canvas.inch(_TITLE + 0.12)
+    top = canvas.inch(_TITLE + _LINE + _ABOVE)
+    canvas.title(f"Per {kind} or all at once: the same ${letter}_i = X\\,W_i^{letter}$")
+    # Left: Method 3, each head's product alone.
+    x_w = gap / 2 + d_in + gap
+    x_out = x_w + d + gap
+    left_right = x_out + d
+    canvas.text(left_right / 2, heading_y, f"Method 3: each {kind} alone", va="top", weight="bold",
+                size=0.9)  # fmt: skip
+    for i in range(n):
+        y = top + i * (block_height + canvas.inch(row_room))
+        x_shape = tuple(x2.shape)
+        canvas.matrix(gap / 2, y, T, d_in, ROLE_COLOURS["x"], label="X", shape=x_shape, gid=f"X_{i + 1}")
+        canvas.matrix(x_w, y, d_in, d, head_colour(i), label=f"W_{_index(i)}^{letter}",
+                      shape=tuple(per_head[i].shape), frame=role)  # fmt: skip
+        canvas.matrix(x_out, y, T, d, head_colour(i), label=f"{letter}_{_index(i)}", shape=(T, d), frame=role)
+        canvas.operator((gap / 2 + d_in + x_w) / 2, y + T / 2, "×")
+        canvas.operator((x_w + d + x_out) / 2, y + T / 2, "=")
+    # Between the sides, a thin rule.
+    x_rule = left_right + gap / 2 + canvas.inch(separator) / 2
+    rule_bottom = top + left_height + canvas.inch(n * row_room - _ABOVE)
+    canvas.ax.plot([x_rule, x_rule], [heading_y, rule_bottom], color=EDGE_COLOUR, linewidth=0.6, alpha=0.4)
+    # Right: Method 1, one product, then Method 2's cut into the same blocks.
+    x_x = left_right + gap + canvas.inch(separator)
+    x_big_w = x_x + d_in + gap
+    x_big_out = x_big_w + width_out + gap
+    right_end = x_big_out + width_out
+    canvas.text((x_x + right_end) / 2, heading_y, "Method 1: one product, then Method 2's cut", va="top",
+                weight="bold", size=0.9)  # fmt: skip
+    _one_product(canvas, x2, fused, colours, letter, role, (x_x, x_big_w, x_big_out), top)
+    halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
+    name_size = min(0.85, d / (2.6 * _em(canvas)))  # a name is about 2.2 em wide: fit its block
+    for i in range(n):  # each block's name inside it
+        w_name = f"$W_{_index(i)}^{letter}$"
+        canvas.text(x_big_w + i * d + d / 2, top + d_in / 2, w_name, size=name_size, path_effects=halo,
+                    gid=f"{w_name}:inside")  # fmt: skip
+    pieces_width = width_out + (n - 1) * canvas.inch(piece_gap)
+    x_pieces = x_big_out + width_out / 2 - pieces_width / 2
+    y_pieces = top + block_height + canvas.inch(_BELOW + arrow)
+    arrow_top = top + T + canvas.inch(_BELOW)
+    for i in range(n):
+        x_piece = x_pieces + i * (d + canvas.inch(piece_gap))
+        canvas.arrow(x_big_out + i * d + d / 2, arrow_top, x_piece + d / 2, y_pieces - canvas.inch(0.04))
+        canvas.matrix(x_piece, y_pieces, T, d, head_colour(i), gid=f"cut {letter}_{_index(i)}", frame=role)
+        canvas.text(x_piece + d / 2, y_pieces + T + canvas.inch(0.05), f"${letter}_{_index(i)}$", va="top",
+                    gid=f"cut {letter}_{_index(i)}:name")  # fmt: skip
+    cut_code = ".view(B, T, h, d_k)\n.transpose(1, 2)"
+    canvas.text(x_pieces - canvas.inch(0.15), (arrow_top + y_pieces) / 2 + canvas.inch(0.2), cut_code,
+                ha="right", size=0.85, linespacing=1.35)  # fmt: skip
     return canvas.fit()
 
 
