@@ -259,6 +259,20 @@ def test_pairings_matrices_draw_each_pairings_rotation(d_k):
         qkv.diagrams.pairings(d_k, matrices="yes")
 
 
+def test_pairings_entries_name_cos_and_sin():
+    default = qkv.diagrams.pairings(8, matrices=True)  # c and s, as before
+    named = qkv.diagrams.pairings(8, matrices=True, entries=("cos", "sin"))
+    for figure, (cos, sin) in ((default, ("c", "s")), (named, ("cos", "sin"))):
+        (ax,) = [ax for ax in figure.axes if ax.get_label() == "R-half"]
+        texts = {t.get_gid(): t.get_text() for t in ax.texts}
+        assert texts["R-half-0-0:text"] == cos  # the diagonal
+        assert texts["R-half-0-4:text"] == f"−{sin}" and texts["R-half-4-0:text"] == sin
+    assert "c = cos" in default._supxlabel.get_text()
+    assert "cos and sin of" in named._supxlabel.get_text() and "s = sin" not in named._supxlabel.get_text()
+    with pytest.raises(TypeError, match="entries must be two non-empty strings"):
+        qkv.diagrams.pairings(8, matrices=True, entries=("cos",))
+
+
 def test_value_shift_by_token_names_tokens_not_positions():
     q, k, v, rope = _value_shift_inputs()
     figure = qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[0, 2, 5], by_token=True)

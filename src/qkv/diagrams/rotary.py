@@ -303,7 +303,7 @@ def position_scores(
     return figure
 
 
-def pairings(d_k: int = 8, *, matrices: bool = False) -> Figure:
+def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] = ("c", "s")) -> Figure:
     """Which dimensions of a head turn together, in each pairing, and the renumbering between them.
 
     Two rows of ``d_k`` cells, one per dimension, numbered: interleaved (Meta's
@@ -326,6 +326,10 @@ def pairings(d_k: int = 8, *, matrices: bool = False) -> Figure:
         gives it): its nonzero entries in their pair's colour, ``c`` (cos tθ_j) on
         the diagonal, ``-s`` and ``s`` (∓sin tθ_j) where a dimension meets its
         partner, zeros blank. Default False: the rows and arrows alone.
+    entries : tuple of two str
+        The names written in R_t's entries for cos tθ_j and sin tθ_j, with ``matrices``.
+        Default ``("c", "s")``; a page that uses s for a key position, or c for
+        something else, can pass ``("cos", "sin")``.
 
     Returns
     -------
@@ -357,6 +361,10 @@ def pairings(d_k: int = 8, *, matrices: bool = False) -> Figure:
         raise ValueError(f"d_k must be even to pair its dimensions, got {d_k}")
     if not isinstance(matrices, bool):
         raise TypeError(f"matrices must be a bool, got {type(matrices).__name__}")
+    ok = isinstance(entries, tuple) and len(entries) == 2 and all(isinstance(x, str) and x for x in entries)
+    if not ok:
+        raise TypeError(f"entries must be two non-empty strings, for cos and sin, got {entries!r}")
+    cos_name, sin_name = entries
     rows = {
         "interleaved": (1.0, "interleaved: 2j with 2j + 1\n(Meta's code; GPT-J style)"),
         "half": (0.0, "half-split: j with j + $d_k/2$\n(HF's Llama; GPT-NeoX style)"),
@@ -378,7 +386,7 @@ def pairings(d_k: int = 8, *, matrices: bool = False) -> Figure:
         axes = figure.subplot_mosaic("RR;IH", height_ratios=[1.9, 0.45 * width])  # the rows; each R_t
         ax = axes["R"]
         for pairing, place in (("interleaved", "I"), ("half", "H")):
-            _rotation_grid(axes[place], turnings[pairing], pairing, pair_colour)
+            _rotation_grid(axes[place], turnings[pairing], pairing, pair_colour, entries)
     else:
         ax = figure.subplots()
     for pairing, (y, label) in rows.items():
@@ -407,9 +415,13 @@ def pairings(d_k: int = 8, *, matrices: bool = False) -> Figure:
     ax.set_title(r"Dimensions of one colour rotate together (pair $j$, by $t\theta_j$)", fontsize=FONT)
     ax.axis("off")
     if matrices:
+        names = (
+            rf"{cos_name} = cos $t\theta_j$, {sin_name} = sin $t\theta_j$"
+            if entries != ("cos", "sin")
+            else r"cos and sin of $t\theta_j$"
+        )
         figure.supxlabel(
-            r"$R_t$ acts on a column ($R_t q$): c = cos $t\theta_j$, s = sin $t\theta_j$ "
-            "for pair $j$ (its colour); blank: 0",
+            rf"$R_t$ acts on a column ($R_t q$): {names} for pair $j$ (its colour); blank: 0",
             fontsize=FONT - 2,
             color=TEXT_COLOUR,
         )
@@ -417,9 +429,13 @@ def pairings(d_k: int = 8, *, matrices: bool = False) -> Figure:
 
 
 def _rotation_grid(
-    ax: Axes, turning: torch.Tensor, pairing: str, colour_of: Callable[[str, int], str]
+    ax: Axes,
+    turning: torch.Tensor,
+    pairing: str,
+    colour_of: Callable[[str, int], str],
+    entries: tuple[str, str] = ("c", "s"),
 ) -> None:
-    """Draw R_t (d_k, d_k) on ``ax``: nonzero entries in their pair's colour, labelled c, -s or s."""
+    """Draw R_t (d_k, d_k) on ``ax``: entries in their pair's colour, labelled c, -s or s (``entries``)."""
     from matplotlib.patches import Rectangle
 
     d_k = turning.shape[0]
@@ -432,7 +448,7 @@ def _rotation_grid(
                 continue
             colour = colour_of(pairing, m)  # row m's pair
             ax.add_patch(Rectangle((n, m), 1, 1, color=colour, alpha=0.85, gid=f"R-{pairing}-{m}-{n}"))
-            label = "c" if m == n else ("-s" if entry < 0 else "s")
+            label = entries[0] if m == n else (f"-{entries[1]}" if entry < 0 else entries[1])
             ax.text(n + 0.5, m + 0.5, label.replace("-", "−"), ha="center", va="center", fontsize=FONT - 2,
                     color=ink_on(colour), gid=f"R-{pairing}-{m}-{n}:text")  # fmt: skip
     ax.set_xlim(0, d_k)
