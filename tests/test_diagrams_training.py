@@ -44,6 +44,29 @@ def test_each_named_gradient_is_labelled_with_its_norm():
     assert sum(t.startswith("gradient norm") for t in texts) == 2
 
 
+def test_notes_from_left_starts_the_three_matrices_labels_at_their_left_edge():
+    layer, x = _layer(), torch.randn(5, 6)
+    grads = {name: torch.ones(3, 6) for name in ("W^Q", "W^K")} | {"W^O": torch.ones(6, 4)}
+    centred = qkv.diagrams.one_loss(x, layer, gradients=grads)
+    from_left = qkv.diagrams.one_loss(x, layer, gradients=grads, notes_from_left=True)
+
+    def notes(figure):
+        return {t.get_gid(): t for t in figure.axes[0].texts if (t.get_gid() or "").endswith(":grad")}
+
+    plain, moved = notes(centred), notes(from_left)
+    assert set(plain) == set(moved) == {"W^Q:grad", "W^K:grad", "W^O:grad"}
+    for gid in ("W^Q:grad", "W^K:grad"):  # W^Q, W^K: from the matrix's left edge
+        assert plain[gid].get_ha() == "center" and moved[gid].get_ha() == "left"
+        assert moved[gid].get_position()[0] < plain[gid].get_position()[0]
+        assert moved[gid].get_position()[1] == plain[gid].get_position()[1]
+    # W^O's label stays centred; the default leaves every label as it was
+    assert moved["W^O:grad"].get_ha() == "center"
+    assert moved["W^O:grad"].get_position() == plain["W^O:grad"].get_position()
+    # the left edge: where W^Q's top-left cell starts
+    left = qkv.diagrams.cells(from_left, "W^Q").corner[0]
+    assert moved["W^Q:grad"].get_position()[0] == pytest.approx(left)
+
+
 def test_mark_sum_marks_where_the_three_gradients_add_at_x_and_only_then():
     layer, x = _layer(), torch.randn(5, 6)
     plain = qkv.diagrams.one_loss(x, layer)

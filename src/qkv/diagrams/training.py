@@ -42,6 +42,7 @@ def one_loss(
     gradients: Mapping[str, object] | None = None,
     head: int = 0,
     mark_sum: bool = False,
+    notes_from_left: bool = False,
 ) -> Figure:
     """One input X through three different matrices, and one loss back to every parameter.
 
@@ -72,6 +73,11 @@ def one_loss(
         Mark where the backward pass's three branches meet at X: a circled plus at
         X's right edge and a note below X, since the gradients from W^Q, W^K and W^V
         add there (X is used three times). ``False`` (the default) draws neither.
+    notes_from_left : bool
+        Start the gradient labels of W^Q, W^K and W^V at each matrix's left edge,
+        so that a label wider than its matrix stays clear of the arrows that run
+        diagonally between X and W^Q or W^V. ``False`` (the default) centres every
+        label under its matrix.
 
     Returns
     -------
@@ -124,8 +130,10 @@ def one_loss(
         boxes[name]["above"], boxes[name]["below"] = canvas.inch(0.32), canvas.inch(0.62)
         note = label(name)
         if note is not None:
-            canvas.text(left + cols / 2, top + rows + canvas.inch(0.27), note, va="top", size=0.8,
-                        colour=BACKWARD_COLOUR, gid=f"{name}:grad")  # fmt: skip
+            from_left = notes_from_left and name in ("W^Q", "W^K", "W^V")
+            canvas.text(left if from_left else left + cols / 2, top + rows + canvas.inch(0.27), note,
+                        va="top", size=0.8, colour=BACKWARD_COLOUR, gid=f"{name}:grad",
+                        ha="left" if from_left else "center")  # fmt: skip
 
     def text_node(name: str, text: str, centre_x: float, centre_y: float, width: float) -> None:
         from matplotlib.patches import FancyBboxPatch
