@@ -190,3 +190,32 @@ def test_book_names_add_one_legend_line_with_the_front_pages_letters():
         rows, cols = shape_of(named, name)
         assert (rows, cols) == shape_of(plain, name), name
     assert named.get_size_inches()[1] > plain.get_size_inches()[1]
+
+
+def test_memory_fan_out_branch_at_starts_the_arrows_clear_of_the_note():
+    from matplotlib.text import Annotation
+
+    layers = [qkv.MultiHeadAttention(12, 2, kdim=8, vdim=8) for _ in range(2)]
+    memory = torch.randn(7, 8)  # a memory narrower than its note
+
+    def arrow_starts_and_note_right(figure):
+        ax = figure.axes[0]
+        figure.canvas.draw()
+        note = next(t for t in ax.texts if t.get_text().startswith("M × I′ ="))
+        box = note.get_window_extent().transformed(ax.transData.inverted())
+        starts = [a.xyann for a in ax.texts if isinstance(a, Annotation) and a.arrow_patch]
+        lines = [line for line in ax.lines if line.get_gid() == "branch"]
+        return starts, max(box.x0, box.x1), lines
+
+    plain_starts, plain_note, plain_lines = arrow_starts_and_note_right(
+        qkv.diagrams.memory_fan_out(layers, memory))
+    starts, note, lines = arrow_starts_and_note_right(
+        qkv.diagrams.memory_fan_out(layers, memory, branch_at=0.45))
+    first, middle = min(plain_starts)  # the memory's right edge, at its middle
+    fanned = [x for x, y in plain_starts if y == middle]  # 2 layers × (W^K, W^V)
+    assert fanned == [first] * 4 and first < plain_note  # the default: from the edge
+    assert not plain_lines  # and no branch line
+    fanned = [x for x, y in starts if y == middle]
+    assert len(lines) == 1 and len(fanned) == 4  # one line, then the four arrows
+    assert lines[0].get_xdata()[0] == first  # the line starts at the memory
+    assert min(fanned) > note  # every arrow starts right of the note

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from qkv._validation import require_size, shape_str
-from qkv.diagrams._draw import ROLE_COLOURS, Canvas, as_matrix, head_weights, require_matplotlib
+from qkv.diagrams._draw import EDGE_COLOUR, ROLE_COLOURS, Canvas, as_matrix, head_weights, require_matplotlib
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -309,6 +309,7 @@ def memory_fan_out(
     *,
     memory_name: str = "memory",
     title: str | None = None,
+    branch_at: float = 0.0,
 ) -> Figure:
     """One memory, several cross-attention layers: each makes its own K and V from it.
 
@@ -333,6 +334,11 @@ def memory_fan_out(
         What the memory is called in the reader's code (``"enc_output"``).
     title : str, optional
         A title; the default says what the picture shows.
+    branch_at : float
+        How far right of the memory, in inches, its arrows part: at 0 (the default)
+        every arrow starts at the memory's right edge; above 0, one line runs to that
+        point first, so that the arrows clear the note under the memory, which is wider
+        than a narrow memory.
 
     Returns
     -------
@@ -404,6 +410,11 @@ def memory_fan_out(
     canvas.text((memory_box["x"] + memory_box["right"]) / 2, memory_box["bottom"] + canvas.inch(0.05),
                 note, va="top", size=0.8)  # fmt: skip
     start = (memory_box["right"], top + M / 2)
+    if branch_at > 0:  # one line to the branch point, clear of the note
+        branch = (memory_box["right"] + canvas.inch(branch_at), top + M / 2)
+        canvas.ax.plot([start[0], branch[0]], [start[1], branch[1]], color=EDGE_COLOUR, linewidth=1.0,
+                       gid="branch")  # fmt: skip
+        start = branch
 
     y = title_h
     for n, (w, (k_cols, v_cols)) in enumerate(zip(weights, widths, strict=True)):
