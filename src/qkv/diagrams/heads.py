@@ -128,9 +128,9 @@ def heads_from_one_matrix(
     kind = "head" if projection == "q" or n == weights.num_heads else "K/V head"
 
     if require_bool("beside", beside):
-        return _methods_beside(x2, fused, per_head, letter, role, kind)
+        return _methods_beside(x2, fused, per_head, colours, letter, role, kind)
     if require_bool("cut", cut):
-        return _one_matrix_cut(x2, fused, per_head, letter, role, kind)
+        return _one_matrix_cut(x2, fused, per_head, colours, letter, role, kind)
     block_height = max(T, d_in)
     label_room = _ABOVE + _BELOW
     canvas = Canvas(
@@ -192,15 +192,29 @@ def _one_product(
                   shape=(T, width_out), frame=role)  # fmt: skip
 
 
-def _one_matrix_cut(
-    x2: torch.Tensor, fused: torch.Tensor, per_head: torch.Tensor, letter: str, role: str, kind: str
-) -> Figure:
-    """The one-row form of :func:`heads_from_one_matrix`: X W = Q, then Q cut into its heads."""
+def _block_names(canvas: Canvas, x_w: float, y: float, n: int, d: int, letter: str) -> None:
+    """Write each head's name, W_i, inside its block of the big W drawn at ``x_w``."""
     from matplotlib import patheffects
 
+    halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
+    name_size = min(0.85, d / (2.6 * _em(canvas)))  # a name is about 2.2 em wide: fit its block
+    for i in range(n):
+        w_name = f"$W_{_index(i)}^{letter}$"
+        canvas.text(x_w + i * d + d / 2, y, w_name, size=name_size, path_effects=halo, gid=f"{w_name}:inside")
+
+
+def _one_matrix_cut(
+    x2: torch.Tensor,
+    fused: torch.Tensor,
+    per_head: torch.Tensor,
+    colours: list[str],
+    letter: str,
+    role: str,
+    kind: str,
+) -> Figure:
+    """The one-row form of :func:`heads_from_one_matrix`: X W = Q, then Q cut into its heads."""
     n, d_in, d = per_head.shape
     T, width_out = x2.shape[0], fused.shape[1]
-    colours = [head_colour(j // d) for j in range(width_out)]
     arrow, names = 1.6, 1.2  # inches: the arrow with its code, the names right of the heads
     head_gap = 0.25  # inches between two heads' blocks
     stacked = n * T  # the heads' blocks, one under the other
@@ -218,12 +232,7 @@ def _one_matrix_cut(
     canvas.title(f"One big $W^{letter}$ = {n} small $W_i^{letter}$ side by side; "
                  f"cut into {kind}s, ${letter}$ gives each $X\\,W_i^{letter}$")  # fmt: skip
     _one_product(canvas, x2, fused, colours, letter, role, (gap / 2, x_w, x_out), top)
-    halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
-    name_size = min(0.85, d / (2.6 * _em(canvas)))  # a name is about 2.2 em wide: fit its block
-    for i in range(n):  # each block's name inside it
-        w_name = f"$W_{_index(i)}^{letter}$"
-        canvas.text(x_w + i * d + d / 2, top + d_in / 2, w_name, size=name_size, path_effects=halo,
-                    gid=f"{w_name}:inside")  # fmt: skip
+    _block_names(canvas, x_w, top + d_in / 2, n, d, letter)
     cut_code = "Method 2: the cut\n.view(B, T, h, d_k)\n.transpose(1, 2)"
     above_arrow = top + T / 2 - canvas.inch(0.04)
     canvas.text((x_out + width_out + x_heads) / 2, above_arrow, cut_code, va="bottom", size=0.85,
@@ -248,14 +257,17 @@ def _one_matrix_cut(
 
 
 def _methods_beside(
-    x2: torch.Tensor, fused: torch.Tensor, per_head: torch.Tensor, letter: str, role: str, kind: str
+    x2: torch.Tensor,
+    fused: torch.Tensor,
+    per_head: torch.Tensor,
+    colours: list[str],
+    letter: str,
+    role: str,
+    kind: str,
 ) -> Figure:
     """The ``beside`` form of :func:`heads_from_one_matrix`: Method 3's rows left, Methods 1 and 2 right."""
-    from matplotlib import patheffects
-
     n, d_in, d = per_head.shape
     T, width_out = x2.shape[0], fused.shape[1]
-    colours = [head_colour(j // d) for j in range(width_out)]
     block_height = max(T, d_in)
     row_room = _ABOVE + _BELOW + 0.1  # inches under and over each of Method 3's rows
     separator, arrow, piece_gap = 0.7, 0.75, 0.12  # inches: between the sides, the cut's arrows, its pieces
@@ -299,12 +311,7 @@ def _methods_beside(
     canvas.text((x_x + right_end) / 2, heading_y, "Method 1: one product, then Method 2's cut", va="top",
                 weight="bold", size=0.9)  # fmt: skip
     _one_product(canvas, x2, fused, colours, letter, role, (x_x, x_big_w, x_big_out), top)
-    halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
-    name_size = min(0.85, d / (2.6 * _em(canvas)))  # a name is about 2.2 em wide: fit its block
-    for i in range(n):  # each block's name inside it
-        w_name = f"$W_{_index(i)}^{letter}$"
-        canvas.text(x_big_w + i * d + d / 2, top + d_in / 2, w_name, size=name_size, path_effects=halo,
-                    gid=f"{w_name}:inside")  # fmt: skip
+    _block_names(canvas, x_big_w, top + d_in / 2, n, d, letter)
     pieces_width = width_out + (n - 1) * canvas.inch(piece_gap)
     x_pieces = x_big_out + width_out / 2 - pieces_width / 2
     y_pieces = top + block_height + canvas.inch(_BELOW + arrow)
