@@ -70,8 +70,8 @@ def cross_attention_shapes(
     W^O; each layer has its own) are drawn in strong colours, the data in grey (inputs,
     output) or pale (Q, K, V, scores, heads), and a legend line says so. The decoder's
     residual (``out1 + output``) is not in the layer's equation: an arrow from the
-    output leads to a note saying the decoder adds the query next, which only an ``N ×
-    I`` output allows. Each input is labelled as the layer's call passes it,
+    output leads to a note saying the decoder adds the query next, entry by entry: both
+    are ``N × I``. Each input is labelled as the layer's call passes it,
     ``query=out1``, ``key=enc_output`` and ``value=enc_output``: the input named ``key``
     is not K, but what W^K multiplies into K. A line under the title says what each
     letter counts, and the inputs' and the output's captions say what their rows are
@@ -287,7 +287,7 @@ def cross_attention_shapes(
     x_note = out["right"] + gap
     canvas.arrow(out["right"], middle, x_note, middle)
     residual_note = (f"next, the decoder\n(not this layer) adds\n{query_name} + output:"
-                     "\nonly an N × I output fits")  # fmt: skip
+                     "\nboth N × I, so entry\nby entry")  # fmt: skip
     canvas.text(x_note + canvas.inch(0.05), middle, residual_note, ha="left", size=0.8, gid="residual")
     # V leaves for the heads (the weights average its rows), and so do the softmaxed scores.
     into = top - canvas.inch(0.3)  # just above the heads' label
