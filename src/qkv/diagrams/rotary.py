@@ -407,7 +407,7 @@ def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] =
             "mutation_scale": 9})  # fmt: skip
     moves = (
         "rows of q_proj.weight and\nk_proj.weight, per head:\n↓ Meta's to Hugging Face's (conversion)\n"
-        "↑ Hugging Face's to Meta's (your fix)"
+        "undone by the inverse permute"
     )
     ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
     ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
