@@ -123,6 +123,24 @@ def test_reshape_without_the_wrong_one():
     assert not any(t.startswith("Wrong:") for t in texts_of(figure))
 
 
+def test_reshape_the_wrong_one_alone():
+    figure = reshape(3, 4, 2, right=False)
+    names = matrix_names(figure)
+    assert not [name for name in names if name.startswith("right.")]
+    assert "wrong.input" in names and "wrong.head1" in names
+    texts = texts_of(figure)
+    assert any(t.startswith("Wrong:") for t in texts) and not any(t.startswith("Right:") for t in texts)
+    both = reshape(3, 4, 2)  # the wrong grids are the same as beside the right ones
+    for head in (1, 2, 3):
+        assert numbers(figure, f"wrong.head{head}") == numbers(both, f"wrong.head{head}")
+        assert grid(figure, f"wrong.head{head}") == grid(both, f"wrong.head{head}")
+    assert figure.get_figheight() < both.get_figheight()  # one row, not two
+    with pytest.raises(ValueError, match="reshape draws nothing with right=False and wrong=False"):
+        reshape(3, 4, 2, right=False, wrong=False)
+    with pytest.raises(TypeError, match="right must be True or False, got str"):
+        reshape(3, 4, 2, right="no")
+
+
 def test_multi_head_concatenates_the_heads_and_multiplies_by_w_o():
     figure = multi_head(MHA, torch.randn(2, 4, 12))
     for i in (1, 2, 3):

@@ -328,7 +328,9 @@ def _methods_beside(
     return canvas.fit()
 
 
-def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: bool = True) -> Figure:
+def reshape(
+    num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: bool = True, right: bool = True
+) -> Figure:
     """Splitting into heads: ``view(B, T, h, d_k).transpose(1, 2)``, and the bare ``view`` that mixes them.
 
     Every entry of a (B, T, h·d_k) tensor is drawn as a cell coloured by the head
@@ -355,6 +357,10 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
         B (every sequence of the batch is split alike).
     wrong : bool
         Also draw the wrong ``view(B, h, T, d_k)``.
+    right : bool
+        Draw the right split (the default). ``right=False`` draws the wrong
+        ``view`` alone, for a page that has already shown the right one; at
+        least one of ``right`` and ``wrong`` must be True.
 
     Returns
     -------
@@ -385,6 +391,9 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
     d = require_positive_int("d_k", d_k)
     B = require_positive_int("batch", batch)
     wrong = require_bool("wrong", wrong)
+    right_row = require_bool("right", right)
+    if not (right_row or wrong):
+        raise ValueError("reshape draws nothing with right=False and wrong=False: pass one of them as True")
     if T * h * d > MAX_RESHAPE_ENTRIES:
         raise ValueError(
             f"reshape draws and numbers every entry: num_heads · length · d_k = {h} · {T} · {d} = "
@@ -396,12 +405,13 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
     heads = (torch.arange(h * d) // d)[None, :].expand(T, h * d)  # (T, h·d)
     codes = (positions * h + heads).expand(B, T, h * d).contiguous()  # (B, T, h·d)
     split = codes.view(B, T, h, d)  # (B, T, h, d)
-    right = split.transpose(1, 2)  # (B, h, T, d)
+    right_split = split.transpose(1, 2)  # (B, h, T, d)
     jumbled = codes.view(B, h, T, d)  # (B, h, T, d): the right shape, the wrong entries
 
     arrow, margin, names = 1.35, 0.15, 0.8  # inches: an arrow and its code, the edges, "head 1"
     slice_gap, head_gap = 0.06, 0.12  # inches between the slices of a stack
-    rows = 2 if wrong else 1
+    drawn = [name for name, shown in (("right", right_row), ("wrong", wrong)) if shown]
+    rows = len(drawn)
     stack_inches = max((T - 1) * slice_gap, (h - 1) * head_gap)
     heading = 0.35
     canvas = Canvas(
@@ -439,7 +449,7 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
         canvas.text(x + cols / 2, y - canvas.inch(0.06), names, va="bottom", size=0.85)
         canvas.text(x + cols / 2, y + height + canvas.inch(0.05), shape_str(shape), va="top", size=0.85)
 
-    same = torch.equal(right, jumbled)  # with one position or one head the two reshapes agree
+    same = torch.equal(right_split, jumbled)  # with one position or one head the two reshapes agree
     headings = {
         "right": "Right: .view(B, T, h, d_k).transpose(1, 2): each head holds every position",
         "wrong": "Wrong: .view(B, h, T, d_k): each “head” mixes heads and positions"
@@ -447,7 +457,7 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
         else "Wrong: .view(B, h, T, d_k): the same here, with one position or one head",
     }
     row_step = stack_height + canvas.inch(heading + _ABOVE + _BELOW + 0.15)
-    for r, name in enumerate(("right", "wrong") if wrong else ("right",)):
+    for r, name in enumerate(drawn):
         top = canvas.inch(_TITLE + heading + _ABOVE) + r * row_step
         canvas.text(x_input, top - canvas.inch(_ABOVE + 0.08), headings[name], ha="left", va="bottom",
                     weight="bold")  # fmt: skip
@@ -462,8 +472,8 @@ def reshape(num_heads: int, length: int, d_k: int, *, batch: int = 1, wrong: boo
             axes(x_middle, top, d, stack_height, "(T, h, d_k)", split.shape[1:])
             canvas.arrow(x_middle + d + arrow_gap, middle, x_heads - arrow_gap, middle,
                          label=".transpose(1, 2)")  # fmt: skip
-            stack(x_heads, top, right[0], head_gap, "right.head", "head")
-            axes(x_heads, top, d, stack_height, "(h, T, d_k)", right.shape[1:])
+            stack(x_heads, top, right_split[0], head_gap, "right.head", "head")
+            axes(x_heads, top, d, stack_height, "(h, T, d_k)", right_split.shape[1:])
         else:
             canvas.arrow(x_input + h * d + arrow_gap, middle, x_heads - arrow_gap, middle,
                          label=".view(B, h, T, d_k)")  # fmt: skip
