@@ -421,6 +421,22 @@ def test_weighted_sum_writes_the_weights_the_values_and_their_product():
     assert sums == [f"{total:.2f}" for total in columns.sum(dim=-1).tolist()] and "1.00" not in sums
 
 
+def test_weighted_sum_numbers_the_queries_only_when_asked():
+    g = torch.Generator().manual_seed(3)
+    weights = torch.randn(3, 4, generator=g).softmax(dim=-1)  # (T, S)
+    values = torch.randn(4, 2, generator=g)  # (S, d_v)
+    plain = qkv.diagrams.weighted_sum(weights, values)
+    assert "query t" not in qkv.diagrams.texts_of(plain)  # the default is unchanged
+    assert not any(str(t.get_gid()).startswith("query-") for t in plain.axes[0].texts)
+    labelled = qkv.diagrams.weighted_sum(weights, values, query=2, query_labels=True)
+    assert "query t" in qkv.diagrams.texts_of(labelled)
+    numbers = {t.get_gid(): t for t in labelled.axes[0].texts if str(t.get_gid()).startswith("query-")}
+    assert [numbers[f"query-{t}"].get_text() for t in range(3)] == ["0", "1", "2"]  # one per row of A
+    assert numbers["query-2"].get_fontweight() == "bold"  # the highlighted query
+    assert cells(labelled, "A").text == cells(plain, "A").text  # the same entries
+    assert labelled.get_figwidth() > plain.get_figwidth()  # room for the numbers
+
+
 def test_weighted_sum_checks_its_inputs():
     weights, values = torch.full((2, 4), 0.25), torch.ones(4, 3)
     with pytest.raises(ValueError, match="values has 3 rows"):

@@ -399,7 +399,12 @@ _OTHER_ROW = "#E4E4E4"
 
 
 def weighted_sum(
-    weights: torch.Tensor, values: torch.Tensor, *, query: int = 0, title: str | None = None
+    weights: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    query: int = 0,
+    title: str | None = None,
+    query_labels: bool = False,
 ) -> Figure:
     """The product A V drawn as it is computed: row t of the weights meets the values along the keys.
 
@@ -423,13 +428,18 @@ def weighted_sum(
         The query position t whose row and output are highlighted, ``0 <= query < T``.
     title : str, optional
         The figure's title: say what to look at.
+    query_labels : bool, default False
+        Also number A's rows and the outputs' rows (the queries) down their left,
+        under the heading "query t", to show that a row of A belongs to one query.
+        Off by default, which draws the figure unchanged.
 
     Returns
     -------
     matplotlib.figure.Figure
         ``qkv.diagrams.cells(figure, name)`` reads back ``"A"``, ``"V"`` and
         ``"output"``: each cell's text (two decimals) and colour. The row sums are
-        texts with gid ``"row-sum-{t}"``.
+        texts with gid ``"row-sum-{t}"``; with ``query_labels``, the query numbers
+        are texts with gid ``"query-{t}"``.
 
     See Also
     --------
@@ -455,12 +465,13 @@ def weighted_sum(
     out = a @ v  # (T, d_v)
     d_v = v.shape[1]
     sums, gap, index = 0.62, 0.38, 0.2  # inches: the row sums, a gap with its operator, the numbers
+    left = 0.45 if query_labels else 0.0  # inches: the query numbers and their heading
     canvas = Canvas(
-        S + 2 * d_v, max(T, S), unit=0.6, extra_width=sums + 2 * gap + index + 0.1,
+        S + 2 * d_v, max(T, S), unit=0.6, extra_width=sums + 2 * gap + index + 0.1 + left,
         extra_height=0.35 + 0.42 + 0.45,
     )  # fmt: skip
     top = canvas.inch(0.35 + 0.42)  # the title, then the matrices' labels
-    x_a = canvas.inch(0.05)
+    x_a = canvas.inch(0.05 + left)
     x_v = x_a + S + canvas.inch(sums + gap + index)
     x_o = x_v + d_v + canvas.inch(gap)
 
@@ -482,6 +493,12 @@ def weighted_sum(
         canvas.text(x_a + s + 0.5, top + T + canvas.inch(0.05), str(s), va="top", size=0.75)
         canvas.text(x_v - canvas.inch(0.06), top + s + 0.5, str(s), ha="right", size=0.75)
     canvas.text(x_a + S / 2, top + T + canvas.inch(0.24), "key position s", va="top", size=0.8)
+    if query_labels:  # the queries, numbered down A's rows
+        canvas.text(x_a - canvas.inch(0.06), top - canvas.inch(0.06), "query t", ha="right", va="bottom",
+                    size=0.8)  # fmt: skip
+        for t in range(T):
+            canvas.text(x_a - canvas.inch(0.06), top + t + 0.5, str(t), ha="right", size=0.75,
+                        fontweight="bold" if t == query else "normal", gid=f"query-{t}")  # fmt: skip
     canvas.text(x_v - canvas.inch(0.06), top - canvas.inch(0.06), "s", ha="right", va="bottom", size=0.8)
     canvas.operator(x_v - canvas.inch(index + gap / 2), top + min(T, S) / 2, "×")
     canvas.matrix(x_v, top, S, d_v, ROLE_COLOURS["v"], cell_text=text_of(v), label="V", gid="V")
