@@ -219,3 +219,20 @@ def test_memory_fan_out_branch_at_starts_the_arrows_clear_of_the_note():
     assert len(lines) == 1 and len(fanned) == 4  # one line, then the four arrows
     assert lines[0].get_xdata()[0] == first  # the line starts at the memory
     assert min(fanned) > note  # every arrow starts right of the note
+
+
+def test_product_names_say_which_input_made_each_product_and_change_nothing_else():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
+    query, memory = torch.randn(4, 10), torch.randn(7, 6)
+    names = {"query_name": "out1", "memory_name": "enc_output"}
+    plain = cross_attention_shapes(layer, query, memory, **names)
+    named = cross_attention_shapes(layer, query, memory, **names, product_names=True)
+    added = {r"$Q = \mathtt{out1}{\cdot}W^Q$", r"$K = \mathtt{enc\_output}{\cdot}W^K$",
+             r"$V = \mathtt{enc\_output}{\cdot}W^V$"}  # fmt: skip
+    assert set(texts_of(named)) - set(texts_of(plain)) == added
+    assert set(texts_of(plain)) - set(texts_of(named)) == {"$Q$", "$K$", "$V$"}
+    assert matrix_names(named) == matrix_names(plain)
+    for name in matrix_names(plain):  # the same blocks, the same sizes (the scores move right)
+        assert shape_of(named, name) == shape_of(plain, name), name
+    default = cross_attention_shapes(layer, query, memory, **names, product_names=False)
+    assert texts_of(default) == texts_of(plain)  # the default draws what it drew before

@@ -57,6 +57,7 @@ def cross_attention_shapes(
     paper_letters: bool = False,
     paper_inputs: bool = False,
     book_names: bool = False,
+    product_names: bool = False,
 ) -> Figure:
     """One cross-attention layer to scale, each block named by its einsum letters.
 
@@ -116,6 +117,12 @@ def cross_attention_shapes(
         Add a legend line giving each letter's name elsewhere in the book (its front
         page's): N = T, M = S, H = h, O = d_k, I = d_model, I′ = d_enc. The default
         draws no such line.
+    product_names : bool, default False
+        Title each product with the input that makes it, ``Q = out1·W^Q``,
+        ``K = enc_output·W^K`` and ``V = enc_output·W^V`` (the inputs as
+        ``query_name`` and ``memory_name`` give them), so that the input and its product
+        do not both read as plain K. The default titles them Q, K and V, as before;
+        ``paper_letters``, which titles them ``QW^Q`` and so on, takes precedence.
 
     Returns
     -------
@@ -174,7 +181,7 @@ def cross_attention_shapes(
     x_in = canvas.inch(0.1)
     x_w = x_in + max(I, I2) + gap
     x_p = x_w + HO + gap
-    x_s = x_p + HO + gap
+    x_s = x_p + HO + gap + (canvas.inch(0.6) if product_names else 0)  # clear of Q's long title
     stack = canvas.inch(0.08)
 
     # Each input as the call passes it: query=out1, key=enc_output, value=enc_output.
@@ -240,6 +247,9 @@ def cross_attention_shapes(
         caption(box, l_w, s_w)
         canvas.operator(x_p - gap / 2, middle, "=")
         product = f"{letter}W^{letter}" if paper_letters else letter  # the paper's K W^K, or K
+        if product_names and not paper_letters:  # K = enc_output·W^K: which input made it
+            source = (query_name if letter == "Q" else memory_name).replace("_", r"\_")
+            product = rf"{letter} = \mathtt{{{source}}}{{\cdot}}W^{letter}"
         box = canvas.matrix(x_p, top, length, HO, ROLE_COLOURS[role], label=product, gid=letter,
                             alpha=_DATA_ALPHA)  # data: pale
         dividers(box)
