@@ -198,7 +198,7 @@ def cross_attention_shapes(
     width = max(x_s + M + (H - 1) * stack, x_in + HO + 2 * I + 3 * gap + canvas.inch(1.5)) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
-    default_title = "One cross-attention layer in the asker's letters (O: head size), Keras's layout"
+    default_title = "One cross-attention layer: the asker's letters and I′ (O: head size), Keras's layout"
     canvas.title(title or default_title)
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
