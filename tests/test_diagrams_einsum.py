@@ -7,6 +7,7 @@ import os
 import matplotlib
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import qkv
 from qkv.diagrams import cells, matrix_names, texts_of
@@ -219,3 +220,37 @@ def test_memory_fan_out_branch_at_starts_the_arrows_clear_of_the_note():
     assert len(lines) == 1 and len(fanned) == 4  # one line, then the four arrows
     assert lines[0].get_xdata()[0] == first  # the line starts at the memory
     assert min(fanned) > note  # every arrow starts right of the note
+
+
+def test_product_names_say_which_input_made_each_product_and_change_nothing_else():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
+    query, memory = torch.randn(4, 10), torch.randn(7, 6)
+    names = {"query_name": "out1", "memory_name": "enc_output"}
+    plain = cross_attention_shapes(layer, query, memory, **names)
+    named = cross_attention_shapes(layer, query, memory, **names, product_names=True)
+    added = {r"$Q = \mathtt{out1}{\cdot}W^Q$", r"$K = \mathtt{enc\_output}{\cdot}W^K$",
+             r"$V = \mathtt{enc\_output}{\cdot}W^V$"}  # fmt: skip
+    assert set(texts_of(named)) - set(texts_of(plain)) == added
+    assert set(texts_of(plain)) - set(texts_of(named)) == {"$Q$", "$K$", "$V$"}
+    assert matrix_names(named) == matrix_names(plain)
+    for name in matrix_names(plain):  # the same blocks, the same sizes (the scores move right)
+        assert shape_of(named, name) == shape_of(plain, name), name
+    default = cross_attention_shapes(layer, query, memory, **names, product_names=False)
+    assert texts_of(default) == texts_of(plain)  # the default draws what it drew before
+
+
+def test_product_names_keep_the_arrows_off_the_k_title():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)
+    query, memory = torch.randn(4, 10), torch.randn(7, 6)
+    names = {"query_name": "out1", "memory_name": "enc_output"}
+    figure = cross_attention_shapes(layer, query, memory, **names, product_names=True)
+    agg = FigureCanvasAgg(figure)
+    agg.draw()  # the arrows take their places when drawn
+    renderer = agg.get_renderer()
+    ax = figure.axes[0]
+    title = next(t for t in ax.texts if t.get_text() == r"$K = \mathtt{enc\_output}{\cdot}W^K$")
+    title_box = title.get_window_extent(renderer)
+    arrows = [t.arrow_patch for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    assert len(arrows) >= 2  # Q's and K's, at least
+    for arrow in arrows:  # none runs through K's title (its W^K), as K's used to
+        assert not title_box.overlaps(arrow.get_window_extent(renderer))

@@ -307,7 +307,7 @@ def test_the_paper_letters_are_written_under_the_columns_they_name_and_only_when
     mha = qkv.MultiHeadAttention(12, 3)
     figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, paper=True)
     texts = texts_of(figure)
-    for line in (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", "$Q = K = V = X$",
+    for line in (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", "self-attention: $Q = K = V = X$",
                  "are these weights", "(a loose use)", r"$\mathrm{Attention}(Q, K, V)$",
                  "(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$"):  # fmt: skip
         assert line in texts, line

@@ -57,6 +57,7 @@ def cross_attention_shapes(
     paper_letters: bool = False,
     paper_inputs: bool = False,
     book_names: bool = False,
+    product_names: bool = False,
 ) -> Figure:
     """One cross-attention layer to scale, each block named by its einsum letters.
 
@@ -116,6 +117,14 @@ def cross_attention_shapes(
         Add a legend line giving each letter's name elsewhere in the book (its front
         page's): N = T, M = S, H = h, O = d_k, I = d_model, I′ = d_enc. The default
         draws no such line.
+    product_names : bool, default False
+        Title each product with the input that makes it, ``Q = out1·W^Q``,
+        ``K = enc_output·W^K`` and ``V = enc_output·W^V`` (the inputs as
+        ``query_name`` and ``memory_name`` give them), so that the input and its product
+        do not both read as plain K. The default titles them Q, K and V, as before;
+        ``paper_letters``, which titles them ``QW^Q`` and so on, takes precedence.
+        K's arrow to the scores then runs right, clear of K's longer title, then up
+        beside the scores' captions, and into the scores.
 
     Returns
     -------
@@ -174,7 +183,7 @@ def cross_attention_shapes(
     x_in = canvas.inch(0.1)
     x_w = x_in + max(I, I2) + gap
     x_p = x_w + HO + gap
-    x_s = x_p + HO + gap
+    x_s = x_p + HO + gap + (canvas.inch(0.6) if product_names else 0)  # clear of Q's long title
     stack = canvas.inch(0.08)
 
     # Each input as the call passes it: query=out1, key=enc_output, value=enc_output.
@@ -191,7 +200,7 @@ def cross_attention_shapes(
     width = max(x_s + M + (H - 1) * stack, x_in + HO + 2 * I + 3 * gap + canvas.inch(1.5)) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
-    default_title = "One cross-attention layer in the asker's letters (O: head size), Keras's layout"
+    default_title = "One cross-attention layer: the asker's letters and I′ (O: head size), Keras's layout"
     canvas.title(title or default_title)
     legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
               f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
@@ -240,6 +249,9 @@ def cross_attention_shapes(
         caption(box, l_w, s_w)
         canvas.operator(x_p - gap / 2, middle, "=")
         product = f"{letter}W^{letter}" if paper_letters else letter  # the paper's K W^K, or K
+        if product_names and not paper_letters:  # K = enc_output·W^K: which input made it
+            source = (query_name if letter == "Q" else memory_name).replace("_", r"\_")
+            product = rf"{letter} = \mathtt{{{source}}}{{\cdot}}W^{letter}"
         box = canvas.matrix(x_p, top, length, HO, ROLE_COLOURS[role], label=product, gid=letter,
                             alpha=_DATA_ALPHA)  # data: pale
         dividers(box)
@@ -266,7 +278,15 @@ def cross_attention_shapes(
                     ha="left", va="top", size=0.8, gid=f"scores:{axis}")  # fmt: skip
     q_box, k_box, v_box = boxes["Q"], boxes["K"], boxes["V"]
     canvas.arrow(q_box["right"], q_box["y"] + N / 2, x_s, s_top + N / 2)
-    canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s, s_top + 0.85 * N)  # ends on the block
+    if product_names and not paper_letters:  # K's long title: right, up, then into the stack
+        x_turn, k_middle, y_end = x_s - canvas.inch(0.15), k_box["y"] + M / 2, s_top + 0.85 * N
+        canvas.ax.plot([k_box["right"], x_turn, x_turn], [k_middle, k_middle, y_end], color="#333333",
+                       linewidth=1.0)  # fmt: skip
+        canvas.ax.annotate("", xy=(x_s, y_end), xytext=(x_turn, y_end),
+                           arrowprops={"arrowstyle": "-|>", "color": "#333333", "linewidth": 1.0,
+                                       "shrinkA": 0, "shrinkB": 2})  # fmt: skip
+    else:
+        canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s, s_top + 0.85 * N)  # ends on the block
 
     # The output row: softmax(scores) averages V, head by head; W^O joins the heads.
     top = y + above + canvas.inch(0.3)  # room above for the lines that arrive

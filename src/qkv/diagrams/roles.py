@@ -150,7 +150,7 @@ def data_flow(
     With what texts call Q, K and V written under the columns:
 
     >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha, paper=True)
-    >>> "$Q = K = V = X$" in qkv.diagrams.texts_of(figure)
+    >>> "self-attention: $Q = K = V = X$" in qkv.diagrams.texts_of(figure)
     True
 
     With its own three lines under the weights:
@@ -370,7 +370,7 @@ def data_flow(
         value_name = "X_V" if value is not None else key_name
         letters = rf"$Q = X,\ K = {key_name},\ V = {value_name}$"  # cross-attention: the inputs differ
         if self_attention:
-            letters = "$Q = K = V = X$"
+            letters = "self-attention: $Q = K = V = X$"  # only there: K = V = memory in cross
         elif key_name == value_name:
             letters = rf"$Q = X,\ K = V = {key_name}$"
         head_i = ("(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$")
