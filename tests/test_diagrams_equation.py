@@ -346,6 +346,19 @@ def test_mask_routes_writes_each_routes_measured_outcome():
     assert len(patches_by_gid(figure, "routes:route:")) == 3
 
 
+def test_mask_routes_names_frozen_weights_only_when_asked():
+    bias = torch.ones(4)
+    outputs, gradients = _routes(bias)
+    plain = qkv.diagrams.texts_of(qkv.diagrams.mask_routes(outputs, gradients, bias))
+    frozen = qkv.diagrams.mask_routes(outputs, gradients, bias, frozen=True)
+    question = next(t for t in qkv.diagrams.texts_of(frozen) if t.startswith("Fast path"))
+    assert "eval(), torch.no_grad()\nor frozen weights,\n" in question
+    assert not any("frozen" in text for text in plain)  # the default: unchanged
+    assert any("eval(), torch.no_grad(),\n" in text for text in plain)
+    assert cells(frozen, "routes").text == cells(
+        qkv.diagrams.mask_routes(outputs, gradients, bias), "routes").text
+
+
 def test_mask_routes_reads_other_outcomes_from_the_tensors():
     bias = torch.ones(4)
     partly = torch.tensor([[math.nan, 0.0, 0.0, 0.0], [0.0] * 4])

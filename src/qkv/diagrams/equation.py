@@ -1120,6 +1120,7 @@ def mask_routes(
     bias: torch.Tensor,
     *,
     title: str | None = None,
+    frozen: bool = False,
 ) -> Figure:
     """What ``nn.MultiheadAttention`` returns for a query with no key, route by route, as a chart.
 
@@ -1146,6 +1147,10 @@ def mask_routes(
         The module's ``out_proj.bias``: an empty row equal to it is written so.
     title : str, optional
         The figure's title: say what to look at.
+    frozen : bool, default False
+        Also name, in the first question, the other way to need no gradient: frozen
+        weights (no input, projection weight or bias that requires one), as an
+        alternative to ``torch.no_grad()``. The outcomes drawn are unchanged.
 
     Returns
     -------
@@ -1230,7 +1235,9 @@ def mask_routes(
     q_heights = (1.55, 0.75)
     q_tops = (top, top + 2.0)
     questions = (
-        "Fast path conditions met?\neval(), torch.no_grad(),\nmha(x, x, x): one tensor\n"
+        "Fast path conditions met?\neval(), torch.no_grad()"
+        + ("\nor frozen weights," if frozen else ",")
+        + "\nmha(x, x, x): one tensor\n"
         "(not equal copies),\nbatch_first=True,\neven heads, no float mask, …\n"
         "whatever need_weights is",
         "need_weights=True?\n(the default)",
