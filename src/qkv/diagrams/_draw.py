@@ -374,12 +374,23 @@ class Canvas:
         """Text at (x, y) in cell units; ``size`` relative to the canvas's font."""
         self.ax.text(x, y, text, ha=ha, va=va, fontsize=self.font * size, color=colour, gid=gid, **kwargs)
 
-    def arrow(self, x0: float, y0: float, x1: float, y1: float, *, label: str | None = None) -> None:
-        """An arrow from (x0, y0) to (x1, y1), with an optional label beside its middle."""
+    def arrow(
+        self, x0: float, y0: float, x1: float, y1: float, *, label: str | None = None,
+        via: tuple[tuple[float, float], ...] = (),
+    ) -> None:  # fmt: skip
+        """An arrow from (x0, y0) to (x1, y1), with an optional label beside its middle.
+
+        ``via``: corners it bends through on the way, in order (a line to the last corner,
+        the head on the final leg); by default it runs straight.
+        """
+        if via:
+            xs, ys = zip((x0, y0), *via, strict=False)
+            self.ax.plot(xs, ys, color=EDGE_COLOUR, linewidth=1.0)
+        start = via[-1] if via else (x0, y0)
         self.ax.annotate(
-            "", xy=(x1, y1), xytext=(x0, y0),
-            arrowprops={"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 2,
-                        "shrinkB": 2},
+            "", xy=(x1, y1), xytext=start,
+            arrowprops={"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0,
+                        "shrinkA": 0 if via else 2, "shrinkB": 2},
         )  # fmt: skip
         if label is not None:
             self.text((x0 + x1) / 2, (y0 + y1) / 2 - self.inch(0.04), label, va="bottom", size=0.85)

@@ -278,15 +278,10 @@ def cross_attention_shapes(
                     ha="left", va="top", size=0.8, gid=f"scores:{axis}")  # fmt: skip
     q_box, k_box, v_box = boxes["Q"], boxes["K"], boxes["V"]
     canvas.arrow(q_box["right"], q_box["y"] + N / 2, x_s, s_top + N / 2)
-    if product_names and not paper_letters:  # K's long title: right, up, then into the stack
-        x_turn, k_middle, y_end = x_s - canvas.inch(0.15), k_box["y"] + M / 2, s_top + 0.85 * N
-        canvas.ax.plot([k_box["right"], x_turn, x_turn], [k_middle, k_middle, y_end], color="#333333",
-                       linewidth=1.0)  # fmt: skip
-        canvas.ax.annotate("", xy=(x_s, y_end), xytext=(x_turn, y_end),
-                           arrowprops={"arrowstyle": "-|>", "color": "#333333", "linewidth": 1.0,
-                                       "shrinkA": 0, "shrinkB": 2})  # fmt: skip
-    else:
-        canvas.arrow(k_box["right"], k_box["y"] + M / 2, x_s, s_top + 0.85 * N)  # ends on the block
+    k_middle, y_end = k_box["y"] + M / 2, s_top + 0.85 * N  # ends on the block
+    x_turn = x_s - canvas.inch(0.15)  # with product_names, K's long title: right, up, then in
+    via = ((x_turn, k_middle), (x_turn, y_end)) if product_names and not paper_letters else ()
+    canvas.arrow(k_box["right"], k_middle, x_s, y_end, via=via)
 
     # The output row: softmax(scores) averages V, head by head; W^O joins the heads.
     top = y + above + canvas.inch(0.3)  # room above for the lines that arrive
