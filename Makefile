@@ -62,8 +62,11 @@ $(PY):
 	    { echo "make: the pinned environment needs Python $(MIN_PYTHON) or newer; $(PYTHON3) is $$($(PYTHON3) -V 2>&1). Use PYTHON3=/path/to/python3.11 (or newer)." >&2; exit 1; }
 	$(PYTHON3) -m venv $(VENV)
 
+# --no-compile: pip would byte-compile every file of every package (torch alone has
+# thousands) at install; Python compiles the modules a run imports when it first imports
+# them instead, and keeps them: on a fresh machine the install takes some 20 s less.
 $(STAMP): requirements.txt pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements.txt
 	@touch $@
 
 env: $(STAMP)
@@ -101,11 +104,12 @@ $(PASSED)/lint: $(STAMP) $(PACKAGE) $(TESTS) $(NOTEBOOKS) $(WORKFLOWS) $(wildcar
 	$(BIN)/zizmor --offline --quiet .github/workflows
 	$(call passed,lint)
 
-# The tests, and the examples in the package's docstrings (the API page shows them).
+# The tests, and the examples in the package's docstrings (the API page shows them), in
+# two processes (pytest-xdist).
 unit: $(PASSED)/unit
 	@echo "unit: passed (re-runs when one of its inputs changes)"
 $(PASSED)/unit: $(STAMP) $(PACKAGE) $(TESTS)
-	$(PY) -m pytest tests src/qkv --doctest-modules --ignore=tests/browser
+	$(PY) -m pytest -n 2 tests src/qkv --doctest-modules --ignore=tests/browser
 	$(call passed,unit)
 
 # Cheap (it reads the notebooks), so it always runs: the table is in every `make test`.
