@@ -164,3 +164,18 @@ def test_step_changes_draws_each_part_the_sum_and_all_together():
 def test_step_changes_says_what_it_expected(changes, parts, message):
     with pytest.raises(ValueError, match=message):
         qkv.diagrams.step_changes(changes, parts)
+
+
+def test_self_mask_adds_m_to_the_formula_and_notes_it_and_only_then():
+    layer, x = _layer(), torch.randn(5, 6)
+
+    def texts(figure):
+        return {t.get_gid(): t.get_text() for t in figure.axes[0].texts}
+
+    plain = texts(qkv.diagrams.one_loss(x, layer))
+    masked = texts(qkv.diagrams.one_loss(x, layer, self_mask=True))
+    assert plain["attention:text"] == r"softmax$(QK^\top/\sqrt{d_k})V$"
+    assert masked["attention:text"] == r"softmax$(QK^\top/\sqrt{d_k}+M)V$"
+    assert masked["attention:mask-note"] == r"$M$: $-\infty$ on the diagonal"
+    assert "attention:mask-note" not in plain
+    assert set(masked) - set(plain) == {"attention:mask-note"}

@@ -43,6 +43,7 @@ def one_loss(
     head: int = 0,
     mark_sum: bool = False,
     notes_from_left: bool = False,
+    self_mask: bool = False,
 ) -> Figure:
     """One input X through three different matrices, and one loss back to every parameter.
 
@@ -78,6 +79,12 @@ def one_loss(
         so that a label wider than its matrix stays clear of the arrows that run
         diagonally between X and W^Q or W^V. ``False`` (the default) centres every
         label under its matrix.
+    self_mask : bool
+        Write the attention box's formula with a mask, softmax(Q Kᵀ / √d_k + M) V,
+        and note under the box that M is −∞ on the diagonal (each position's weight
+        on itself is 0), the weights that :class:`qkv.models.RecallModel`'s
+        self-mask gives. ``False`` (the default) writes softmax(Q Kᵀ / √d_k) V and
+        no note.
 
     Returns
     -------
@@ -162,7 +169,11 @@ def one_loss(
         matrix(w_name, tensor, ROLE_COLOURS[role], w_left, centre)
         matrix(p_name, product, ROLE_COLOURS[role], q_left, centre)
     attention_x = q_left + widest + g + canvas.inch(node) / 2
-    text_node("attention", r"softmax$(QK^\top/\sqrt{d_k})V$", attention_x, centres[1], node)
+    formula = r"softmax$(QK^\top/\sqrt{d_k}+M)V$" if self_mask else r"softmax$(QK^\top/\sqrt{d_k})V$"
+    text_node("attention", formula, attention_x, centres[1], node)
+    if self_mask:  # under the box: what M is
+        canvas.text(attention_x, centres[1] + canvas.inch(0.26), "$M$: $-\\infty$ on the diagonal", va="top",
+                    size=0.75, gid="attention:mask-note")  # fmt: skip
     o_left = attention_x + canvas.inch(node) / 2 + g
     matrix("W^O", w_o, ROLE_COLOURS["o"], o_left, centres[1])
     text_node("readout", "readout", o_left + w_o.shape[1] / 2, centres[2], 0.9)
