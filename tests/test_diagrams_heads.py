@@ -101,6 +101,7 @@ def test_reshape_right_keeps_each_head_whole_and_wrong_mixes_it():
     for shape in ("(2, 5, 6)", "(2, 5, 3, 2)", "(2, 3, 5, 2)"):  # not the batch's
         assert shape not in texts, shape
     assert any(t.startswith("Right:") for t in texts) and any(t.startswith("Wrong:") for t in texts)
+    assert not any(t.startswith("Correct:") for t in texts)  # beside "Wrong:", "Right:" stays
     # The input: feature column c belongs to head c // d_k, row t is position t.
     assert grid(figure, "wrong.input") == [[HEADS[c // d_k] for c in range(h * d_k)]] * T
     assert numbers(figure, "wrong.input") == [[str(t)] * (h * d_k) for t in range(T)]
@@ -121,6 +122,9 @@ def test_reshape_without_the_wrong_one():
     figure = reshape(3, 4, 2, wrong=False)
     assert not [name for name in matrix_names(figure) if name.startswith("wrong.")]
     assert not any(t.startswith("Wrong:") for t in texts_of(figure))
+    # Alone, the right split is titled "Correct:", not "Right:" (which reads as a side).
+    assert any(t.startswith("Correct:") for t in texts_of(figure))
+    assert not any(t.startswith("Right:") for t in texts_of(figure))
 
 
 def test_reshape_the_wrong_one_alone():

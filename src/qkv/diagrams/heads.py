@@ -356,7 +356,9 @@ def reshape(
     batch : int
         B (every sequence of the batch is split alike).
     wrong : bool
-        Also draw the wrong ``view(B, h, T, d_k)``.
+        Also draw the wrong ``view(B, h, T, d_k)``, titled "Wrong:" under the
+        right split's "Right:". With ``wrong=False`` the right split's title
+        starts "Correct:" instead, which a lone title cannot read as a side.
     right : bool
         Draw the right split (the default). ``right=False`` draws the wrong
         ``view`` alone, for a page that has already shown the right one; at
@@ -451,7 +453,8 @@ def reshape(
 
     same = torch.equal(right_split, jumbled)  # with one position or one head the two reshapes agree
     headings = {
-        "right": "Right: .view(B, T, h, d_k).transpose(1, 2): each head holds every position",
+        "right": ("Right" if wrong else "Correct")  # alone, "Right:" would read as a side
+        + ": .view(B, T, h, d_k).transpose(1, 2): each head holds every position",
         "wrong": "Wrong: .view(B, h, T, d_k): each “head” mixes heads and positions"
         if not same
         else "Wrong: .view(B, h, T, d_k): the same here, with one position or one head",
