@@ -254,3 +254,14 @@ def test_product_names_keep_the_arrows_off_the_k_title():
     assert len(arrows) >= 2  # Q's and K's, at least
     for arrow in arrows:  # none runs through K's title (its W^K), as K's used to
         assert not title_box.overlaps(arrow.get_window_extent(renderer))
+
+
+def test_the_heads_block_takes_its_colour_and_defaults_to_the_old_green():
+    layer = qkv.MultiHeadAttention(10, 2, kdim=6, vdim=6)  # H = 2 heads of O = 5
+    query, memory = torch.randn(4, 10), torch.randn(7, 6)
+    plain = cross_attention_shapes(layer, query, memory)
+    grey = cross_attention_shapes(layer, query, memory, heads_colour="#C8C8C8")
+    assert cells(plain, "heads").colours[0][0] == "#8FD3BE"  # unchanged by default
+    assert {c for row in cells(grey, "heads").colours for c in row} == {"#C8C8C8"}
+    assert cells(grey, "V").colours == cells(plain, "V").colours  # only the heads change
+    assert shape_of(grey, "heads") == shape_of(plain, "heads") == (4, 10)  # N × H·O

@@ -58,6 +58,7 @@ def cross_attention_shapes(
     paper_inputs: bool = False,
     book_names: bool = False,
     product_names: bool = False,
+    heads_colour: str = "#8FD3BE",
 ) -> Figure:
     """One cross-attention layer to scale, each block named by its einsum letters.
 
@@ -125,6 +126,10 @@ def cross_attention_shapes(
         ``paper_letters``, which titles them ``QW^Q`` and so on, takes precedence.
         K's arrow to the scores then runs right, clear of K's longer title, then up
         beside the scores' captions, and into the scores.
+    heads_colour : str, default "#8FD3BE"
+        The fill of the ``heads (N × H × O)`` block. The default, a pale green, is
+        what the picture always drew; pass a grey (say ``"#C8C8C8"``) so that the
+        heads, data like the inputs and the output, do not read as V's green.
 
     Returns
     -------
@@ -286,7 +291,7 @@ def cross_attention_shapes(
     # The output row: softmax(scores) averages V, head by head; W^O joins the heads.
     top = y + above + canvas.inch(0.3)  # room above for the lines that arrive
     middle = top + min(N, HO) / 2
-    heads = canvas.matrix(x_in, top, N, HO, "#8FD3BE", label=r"\mathrm{heads}", gid="heads")
+    heads = canvas.matrix(x_in, top, N, HO, heads_colour, label=r"\mathrm{heads}", gid="heads")
     dividers(heads)
     caption(heads, "N × H × O", (N, H, O))
     x_wo = heads["right"] + gap
