@@ -179,3 +179,30 @@ def test_self_mask_adds_m_to_the_formula_and_notes_it_and_only_then():
     assert masked["attention:mask-note"] == r"$M$: $-\infty$ on the diagonal"
     assert "attention:mask-note" not in plain
     assert set(masked) - set(plain) == {"attention:mask-note"}
+
+
+def test_gradient_rows_outlines_the_rows_reached_and_only_when_asked():
+    layer, x = _layer(), torch.randn(5, 6)
+    plain = qkv.diagrams.one_loss(x, layer)
+    marked = qkv.diagrams.one_loss(x, layer, gradient_rows={"Q": [4], "K": [0, 1, 2, 3]})
+    outlines = [p for p in marked.axes[0].patches if (p.get_gid() or "").endswith(":grad-rows")]
+    assert [p.get_gid() for p in outlines] == ["Q:grad-rows", "K:grad-rows"]  # one run each
+    q_corner = qkv.diagrams.cells(marked, "Q").corner
+    assert outlines[0].get_xy() == pytest.approx((q_corner[0], q_corner[1] + 4))
+    assert (outlines[0].get_height(), outlines[1].get_height()) == (1, 4)
+    assert "gradient in 1 of 5 rows" in texts_of(marked)
+    assert "gradient in 4 of 5 rows" in texts_of(marked)
+    # the default draws no outline and no note; the rest is unchanged
+    assert not any((p.get_gid() or "").endswith(":grad-rows") for p in plain.axes[0].patches)
+    assert sorted(texts_of(marked)) == sorted(
+        [*texts_of(plain), "gradient in 1 of 5 rows", "gradient in 4 of 5 rows"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [({"W^Q": [0]}, "the products drawn are Q, K, V"), ({"Q": [5]}, r"rows in \[0, 5\)")],
+)
+def test_bad_gradient_rows_are_named(rows, message):
+    with pytest.raises(ValueError, match=message):
+        qkv.diagrams.one_loss(torch.randn(5, 6), _layer(), gradient_rows=rows)

@@ -44,6 +44,7 @@ def one_loss(
     mark_sum: bool = False,
     notes_from_left: bool = False,
     self_mask: bool = False,
+    gradient_rows: Mapping[str, Sequence[int]] | None = None,
 ) -> Figure:
     """One input X through three different matrices, and one loss back to every parameter.
 
@@ -85,6 +86,12 @@ def one_loss(
         on itself is 0), the weights that :class:`qkv.models.RecallModel`'s
         self-mask gives. ``False`` (the default) writes softmax(Q Kᵀ / √d_k) V and
         no note.
+    gradient_rows : mapping of str to sequence of int, optional
+        For some of the products ``"Q"``, ``"K"``, ``"V"``, the rows (positions,
+        from 0) that the backward pass reaches, e.g. ``{"Q": [T - 1]}`` when the loss
+        reads only the last position's output: those rows are outlined in the
+        backward pass's colour (dashed) and a note under the product says how many
+        of its rows get a gradient. ``None`` (the default) outlines nothing.
 
     Returns
     -------
@@ -106,6 +113,7 @@ def one_loss(
     weights, x2, _, _ = layer_inputs(layer, x, None, None)
     require_self_attention_head(weights, head, "one_loss")
     norms = _gradient_norms(gradients)
+    reached = _gradient_rows(gradient_rows, x2.shape[0])
     kv = head // (weights.num_heads // weights.num_kv_heads)
     x2 = x2.to(weights.w_q.dtype)
     with torch.no_grad():
@@ -168,6 +176,8 @@ def one_loss(
     ):
         matrix(w_name, tensor, ROLE_COLOURS[role], w_left, centre)
         matrix(p_name, product, ROLE_COLOURS[role], q_left, centre)
+        if p_name in reached:  # the rows the backward pass reaches, outlined
+            _outline_rows(canvas, boxes[p_name], reached[p_name], p_name, length)
     attention_x = q_left + widest + g + canvas.inch(node) / 2
     formula = r"softmax$(QK^\top/\sqrt{d_k}+M)V$" if self_mask else r"softmax$(QK^\top/\sqrt{d_k})V$"
     text_node("attention", formula, attention_x, centres[1], node)
@@ -219,6 +229,42 @@ def one_loss(
                 colour=BACKWARD_COLOUR)  # fmt: skip
     canvas.title("Three different matrices read one X; one loss trains them all")
     return canvas.fit()
+
+
+def _gradient_rows(rows: Mapping[str, Sequence[int]] | None, length: int) -> dict[str, list[int]]:
+    """Check ``gradient_rows``: products Q, K, V, each with rows in [0, length)."""
+    if rows is None:
+        return {}
+    if not isinstance(rows, Mapping):
+        raise TypeError(f"gradient_rows must be a mapping of Q, K or V to rows, got {type(rows).__name__}")
+    checked: dict[str, list[int]] = {}
+    for name, wanted in rows.items():
+        if name not in ("Q", "K", "V"):
+            raise ValueError(f"gradient_rows has the name {name!r}; the products drawn are Q, K, V")
+        picked = sorted({int(r) for r in wanted})
+        if not picked or picked[0] < 0 or picked[-1] >= length:
+            raise ValueError(f"gradient_rows[{name!r}] must hold rows in [0, {length}), got {list(wanted)}")
+        checked[name] = picked
+    return checked
+
+
+def _outline_rows(canvas: Canvas, box: dict[str, float], rows: list[int], name: str, length: int) -> None:
+    """Outline each run of consecutive rows of a drawn matrix, and say how many."""
+    from matplotlib.patches import Rectangle
+
+    runs: list[list[int]] = []
+    for r in rows:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    for run in runs:
+        canvas.ax.add_patch(Rectangle((box["x"], box["y"] + run[0]), box["right"] - box["x"], len(run),
+                                      fill=False, edgecolor=BACKWARD_COLOUR, linestyle="--", linewidth=1.2,
+                                      gid=f"{name}:grad-rows"))  # fmt: skip
+    canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.27),
+                f"gradient in {len(rows)} of {length} rows", va="top", size=0.8,
+                colour=BACKWARD_COLOUR, gid=f"{name}:grad-note")  # fmt: skip
 
 
 def _side(box: dict[str, float], side: str) -> tuple[float, float]:
