@@ -1,7 +1,7 @@
 # Queries, Keys and Values: build the book and run every check.
 #
 #   make book      create .venv if needed, build the HTML into _build/html
-#   make test      lint, unit tests, page shape, strict book build, then nbval (strict) and the browser check at once
+#   make test      lint, unit tests, page shape, nbval (strict), strict book build, browser check
 #
 # Everything runs from the project's own .venv (created with python3 -m venv and
 # installed from requirements.txt). The install is redone only when
@@ -25,7 +25,7 @@ SANITIZE := book/nbval_sanitize.cfg
 NB ?= $(NOTEBOOKS)
 JB_BUILD := $(BIN)/jupyter-book build . --builder html
 # Stages of `make test`, in order; each one is also a target of its own.
-STAGES := lint unit shape html-strict nbval browser
+STAGES := lint unit shape nbval html-strict browser
 
 # Reproducible runs: the same hash seed in every kernel. (Leave MPLBACKEND unset:
 # kernels pick matplotlib's inline backend themselves.)
@@ -157,37 +157,16 @@ $(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
 	$(PY) -m pytest -p no:cacheprovider tests/browser --browser -n 2
 	$(call passed,browser)
 
-# Runs every stage even when one fails, then fails if any did. The first stages run one
-# after the other; then the pages' re-run (nbval) and the browser check run at the same
-# time, each line of theirs led by its stage's name. The browser stage spends much of its
-# time waiting on Chromium, so the two together take little longer than the slower one
-# (one after the other, they were two thirds of CI's time).
-SEQUENTIAL_STAGES := lint unit shape html-strict
-CONCURRENT_STAGES := nbval browser
+# Runs every stage even when one fails, then fails if any did.
 test: $(STAMP)
 	@if [ -n "$(FORCE)" ]; then rm -rf $(PASSED); fi; \
 	passed=0; failed=0; failures=""; times=""; \
-	for stage in $(SEQUENTIAL_STAGES); do \
+	for stage in $(STAGES); do \
 	    echo "=== make $$stage"; start=$$(date +%s); \
 	    if $(MAKE) $$stage; then passed=$$((passed + 1)); \
 	    else failed=$$((failed + 1)); failures="$$failures $$stage"; fi; \
 	    times="$$times $$stage $$(( $$(date +%s) - start )) s;"; \
 	done; \
-	echo "=== make $(CONCURRENT_STAGES), at the same time"; \
-	results=$$(mktemp -d); \
-	for stage in $(CONCURRENT_STAGES); do \
-	    ( start=$$(date +%s); \
-	      if $(MAKE) $$stage 2>&1 | sed -u "s/^/$$stage | /"; then rc=0; else rc=1; fi; \
-	      echo "$$rc $$(( $$(date +%s) - start ))" > "$$results/$$stage" ) & \
-	done; \
-	wait; \
-	for stage in $(CONCURRENT_STAGES); do \
-	    read -r rc seconds < "$$results/$$stage"; \
-	    if [ "$$rc" -eq 0 ]; then passed=$$((passed + 1)); \
-	    else failed=$$((failed + 1)); failures="$$failures $$stage"; fi; \
-	    times="$$times $$stage $$seconds s;"; \
-	done; \
-	rm -rf "$$results"; \
 	echo "stage times:$$times"; \
 	if [ $$failed -gt 0 ]; then echo "failed:$$failures"; fi; \
 	echo "summary: $$passed passed, $$failed failed"; \
