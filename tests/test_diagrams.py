@@ -181,3 +181,17 @@ def test_small_diagrams_keep_every_text_inside_the_figure(draw):
     # Texts do not shrink with the cells: with few cells a title is wider than the
     # drawing, and the figure must grow to hold it (a saved PNG would cut it off).
     assert _texts_outside(draw()) == []
+
+
+def test_canvas_outline_frames_a_region_unfilled_solid_or_dashed():
+    from qkv.diagrams._draw import EDGE_COLOUR, Canvas
+
+    canvas = Canvas(4, 3)
+    canvas.outline(1, 0.5, 2, 1, gid="solid")
+    canvas.outline(0, 2, 3, 1, colour="#C00000", width=1.2, dashed=True, zorder=3, gid="dashed")
+    solid, dashed = (next(p for p in canvas.ax.patches if p.get_gid() == gid) for gid in ("solid", "dashed"))
+    assert not solid.get_fill() and solid.get_xy() == (1, 0.5)
+    assert (solid.get_width(), solid.get_height()) == (2, 1)
+    assert matplotlib.colors.to_hex(solid.get_edgecolor()) == matplotlib.colors.to_hex(EDGE_COLOUR)
+    assert solid.get_linestyle() == "-" and solid.get_zorder() == 1
+    assert dashed.get_linestyle() == "--" and dashed.get_zorder() == 3 and dashed.get_linewidth() == 1.2

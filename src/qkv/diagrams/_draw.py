@@ -395,6 +395,21 @@ class Canvas:
         if label is not None:
             self.text((x0 + x1) / 2, (y0 + y1) / 2 - self.inch(0.04), label, va="bottom", size=0.85)
 
+    def outline(
+        self, x: float, y: float, cols: float, rows: float, *, colour: str = EDGE_COLOUR, width: float = 1.8,
+        dashed: bool = False, zorder: float = 1, gid: str | None = None,
+    ) -> None:  # fmt: skip
+        """An unfilled frame around a ``rows × cols`` region with its top-left corner at (x, y).
+
+        It marks part of a drawn matrix (a row a step appends, the rows a gradient
+        reaches); ``dashed`` draws it dashed, ``zorder`` (matplotlib's default for a
+        patch, 1) lifts it above patches drawn later.
+        """
+        from matplotlib.patches import Rectangle
+
+        self.ax.add_patch(Rectangle((x, y), cols, rows, fill=False, edgecolor=colour, linewidth=width,
+                                    linestyle="--" if dashed else "-", zorder=zorder, gid=gid))  # fmt: skip
+
     def operator(self, x: float, y: float, symbol: str) -> None:
         """An operator between blocks: ``"×"``, ``"="``, ``"→"``."""
         self.text(x, y, symbol, size=1.3)

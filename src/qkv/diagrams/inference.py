@@ -714,11 +714,7 @@ def decoding_step(layer: object, cache: object) -> Figure:
 
 def _outline(canvas: Canvas, x: float, y: float, cols: int, *, gid: str) -> None:
     """A dark outline around one row: the row this step appends."""
-    from matplotlib.patches import Rectangle
-
-    canvas.ax.add_patch(
-        Rectangle((x, y), cols, 1, fill=False, edgecolor=TEXT_COLOUR, linewidth=2.0, zorder=3, gid=gid)
-    )
+    canvas.outline(x, y, cols, 1, colour=TEXT_COLOUR, width=2.0, zorder=3, gid=gid)
 
 
 # --- Attention maps with their masks -----------------------------------------------------------
@@ -1128,7 +1124,6 @@ def cache_growth(cached: int, *, axis_labels: bool = False, previous_row: bool =
     [True, True, True, True, False]
     """
     cached = require_positive_int("cached", cached)
-    from matplotlib.patches import Rectangle
 
     rows = cached + 1
     scale = _Scale(min(0.3, (_MAX_WIDTH - 4.0) / (2 * rows)))  # big cells: few of them
@@ -1159,8 +1154,7 @@ def cache_growth(cached: int, *, axis_labels: bool = False, previous_row: bool =
         ("new-column", (x_after + cached, top, 1, rows)),
     )
     for gid, (x, y, w, h) in outlines:
-        outline = Rectangle((x, y), w, h, fill=False, edgecolor=EDGE_COLOUR, linewidth=1.8, gid=gid)
-        canvas.ax.add_patch(outline)
+        canvas.outline(x, y, w, h, gid=gid)
     if axis_labels:  # rows are queries t, columns keys s, in both matrices
         canvas.text(margin - scale.units(0.06), top + cached / 2, "query $t$", ha="right",
                     rotation=90, size=0.85, gid="axis-query")  # fmt: skip

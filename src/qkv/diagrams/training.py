@@ -250,8 +250,6 @@ def _gradient_rows(rows: Mapping[str, Sequence[int]] | None, length: int) -> dic
 
 def _outline_rows(canvas: Canvas, box: dict[str, float], rows: list[int], name: str, length: int) -> None:
     """Outline each run of consecutive rows of a drawn matrix, and say how many."""
-    from matplotlib.patches import Rectangle
-
     runs: list[list[int]] = []
     for r in rows:
         if runs and r == runs[-1][-1] + 1:
@@ -259,9 +257,8 @@ def _outline_rows(canvas: Canvas, box: dict[str, float], rows: list[int], name: 
         else:
             runs.append([r])
     for run in runs:
-        canvas.ax.add_patch(Rectangle((box["x"], box["y"] + run[0]), box["right"] - box["x"], len(run),
-                                      fill=False, edgecolor=BACKWARD_COLOUR, linestyle="--", linewidth=1.2,
-                                      gid=f"{name}:grad-rows"))  # fmt: skip
+        canvas.outline(box["x"], box["y"] + run[0], box["right"] - box["x"], len(run), colour=BACKWARD_COLOUR,
+                       width=1.2, dashed=True, gid=f"{name}:grad-rows")  # fmt: skip
     canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.27),
                 f"gradient in {len(rows)} of {length} rows", va="top", size=0.8,
                 colour=BACKWARD_COLOUR, gid=f"{name}:grad-note")  # fmt: skip
