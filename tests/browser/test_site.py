@@ -18,7 +18,8 @@ phone width in light mode only:
   (the colours' contrast checked at one width per mode; highlighted code on one page).
 
 Search results show maths as plain text. Screenshots of every page, at the widths and in
-the modes it is checked in, are saved under ``_build/screenshots`` for a person to look at.
+the modes it is checked in, are saved under ``_build/screenshots`` for a person to look at
+(``BROWSER_SCREENSHOTS=0`` skips them).
 
 Run with ``make browser`` (it builds the book first). Needs Debian's Chromium at
 ``/usr/bin/chromium``; Playwright's own browser download is not used.
@@ -27,6 +28,7 @@ Run with ``make browser`` (it builds the book first). Needs Debian's Chromium at
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from urllib.parse import quote
@@ -136,7 +138,15 @@ def search_terms() -> list[str]:
     return terms[:MAX_SEARCH_TERMS] or ["attention"]
 
 
+# Screenshots are for a person to look at, not a check: BROWSER_SCREENSHOTS=0 skips them
+# (.ci/run does, unless told otherwise; the GitHub workflow keeps them as an artifact). The
+# full-page ones of the long answer pages cost about a second each.
+TAKE_SCREENSHOTS = os.environ.get("BROWSER_SCREENSHOTS", "1") != "0"
+
+
 def _screenshot(page, relative: str, width: int, mode: str, full_page: bool) -> None:
+    if not TAKE_SCREENSHOTS:
+        return
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     name = relative.removesuffix(".html").replace("/", "-")
     page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}-{mode}.png"), full_page=full_page)
@@ -223,10 +233,11 @@ def _check_dark_mode(open_page, relative: str, code: bool, failures: dict[str, l
     # The structure is the light mode's (checked above); the colours are checked once.
     failures["colour contrast (dark mode)"] = find_accessibility_violations(dark, rules="contrast", code=code)
     _screenshot(dark, relative, DESKTOP, "dark", full_page=False)
-    dark.set_viewport_size({"width": PHONE, "height": 900})
-    dark.wait_for_timeout(200)
-    settle(dark)
-    _screenshot(dark, relative, PHONE, "dark", full_page=False)
+    if TAKE_SCREENSHOTS:  # dark mode at phone width, for a person to look at
+        dark.set_viewport_size({"width": PHONE, "height": 900})
+        dark.wait_for_timeout(200)
+        settle(dark)
+        _screenshot(dark, relative, PHONE, "dark", full_page=False)
     failures["console errors"] += dark_problems.console_errors
     failures["requests to other hosts"] += dark_problems.external_requests
 
