@@ -458,3 +458,22 @@ def test_weighted_sum_checks_its_inputs():
         qkv.diagrams.weighted_sum(weights, values, query=2)
     with pytest.raises(ValueError, match=r"2 dimensions \(T, S\)"):
         qkv.diagrams.weighted_sum(weights[None], values)
+
+
+def test_weighted_sum_writes_the_column_sums_only_when_asked():
+    g = torch.Generator().manual_seed(4)
+    wrong = torch.randn(4, 4, generator=g).softmax(dim=-2)  # (T, S): over the queries
+    values = torch.randn(4, 2, generator=g)  # (S, d_v)
+    plain = qkv.diagrams.weighted_sum(wrong, values)
+    assert "column sum" not in qkv.diagrams.texts_of(plain)  # the default is unchanged
+    assert not any(str(t.get_gid()).startswith("column-sum-") for t in plain.axes[0].texts)
+    summed = qkv.diagrams.weighted_sum(wrong, values, column_sums=True)
+    assert "column sum" in qkv.diagrams.texts_of(summed)
+    found = {t.get_gid(): t.get_text() for t in summed.axes[0].texts}
+    assert [found[f"column-sum-{s}"] for s in range(4)] == ["1.00"] * 4  # over the queries
+    assert cells(summed, "A").text == cells(plain, "A").text  # the same entries
+    assert summed.get_figheight() > plain.get_figheight()  # T = S: room made for the sums
+    summed.canvas.draw()  # lay the texts out, then compare where they landed
+    formula, sums = (next(t for t in summed.axes[0].texts if t.get_gid() == gid).get_window_extent()
+                     for gid in ("formula", "column-sum-0"))
+    assert not formula.overlaps(sums)  # the formula is not written over the sums

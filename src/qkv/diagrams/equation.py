@@ -405,6 +405,7 @@ def weighted_sum(
     query: int = 0,
     title: str | None = None,
     query_labels: bool = False,
+    column_sums: bool = False,
 ) -> Figure:
     """The product A V drawn as it is computed: row t of the weights meets the values along the keys.
 
@@ -432,6 +433,10 @@ def weighted_sum(
         Also number A's rows and the outputs' rows (the queries) down their left,
         under the heading "query t", to show that a row of A belongs to one query.
         Off by default, which draws the figure unchanged.
+    column_sums : bool, default False
+        Also write each column's sum (each key's total weight) under A, headed
+        "column sum", to show which axis the weights were normalised over. Off by
+        default, which draws the figure unchanged.
 
     Returns
     -------
@@ -439,7 +444,8 @@ def weighted_sum(
         ``qkv.diagrams.cells(figure, name)`` reads back ``"A"``, ``"V"`` and
         ``"output"``: each cell's text (two decimals) and colour. The row sums are
         texts with gid ``"row-sum-{t}"``; with ``query_labels``, the query numbers
-        are texts with gid ``"query-{t}"``.
+        are texts with gid ``"query-{t}"``; with ``column_sums``, the column sums are
+        texts with gid ``"column-sum-{s}"``.
 
     See Also
     --------
@@ -466,9 +472,11 @@ def weighted_sum(
     d_v = v.shape[1]
     sums, gap, index = 0.62, 0.38, 0.2  # inches: the row sums, a gap with its operator, the numbers
     left = 0.45 if query_labels else 0.0  # inches: the query numbers and their heading
+    # inches: room for the column sums under A's key label, where V does not already make it
+    below = max(0.0, 0.65 - 0.6 * (max(T, S) - T)) if column_sums else 0.0
     canvas = Canvas(
         S + 2 * d_v, max(T, S), unit=0.6, extra_width=sums + 2 * gap + index + 0.1 + left,
-        extra_height=0.35 + 0.42 + 0.45,
+        extra_height=0.35 + 0.42 + 0.45 + below,
     )  # fmt: skip
     top = canvas.inch(0.35 + 0.42)  # the title, then the matrices' labels
     x_a = canvas.inch(0.05 + left)
@@ -493,6 +501,11 @@ def weighted_sum(
         canvas.text(x_a + s + 0.5, top + T + canvas.inch(0.05), str(s), va="top", size=0.75)
         canvas.text(x_v - canvas.inch(0.06), top + s + 0.5, str(s), ha="right", size=0.75)
     canvas.text(x_a + S / 2, top + T + canvas.inch(0.24), "key position s", va="top", size=0.8)
+    if column_sums:  # each key's total weight, under its column of A
+        y_sums = top + T + canvas.inch(0.48)
+        for s, total in enumerate(a.sum(dim=0).tolist()):
+            canvas.text(x_a + s + 0.5, y_sums, f"{total:.2f}", va="top", size=0.8, gid=f"column-sum-{s}")
+        canvas.text(x_a + S + canvas.inch(0.08), y_sums, "column sum", ha="left", va="top", size=0.75)
     if query_labels:  # the queries, numbered down A's rows
         canvas.text(x_a - canvas.inch(0.06), top - canvas.inch(0.06), "query t", ha="right", va="bottom",
                     size=0.8)  # fmt: skip
@@ -509,7 +522,8 @@ def weighted_sum(
         f"$o_{{{query}}} = \\sum_s\\, a_{{{query}s}}\\, v_s$: row {query} of $A$ meets each column of $V$"
         " along the keys"
     )
-    canvas.text(canvas.width / 2, top + max(T, S) + canvas.inch(0.12), formula, va="top", gid="formula")
+    y_formula = top + max(T, S) + canvas.inch(0.12 + below)
+    canvas.text(canvas.width / 2, y_formula, formula, va="top", gid="formula")
     if title:
         canvas.title(title)
     return canvas.fit()
