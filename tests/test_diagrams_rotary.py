@@ -287,3 +287,46 @@ def test_value_shift_by_token_names_tokens_not_positions():
     assert "(t = 0, 2, 5 drawn)" in default.legends[0].get_texts()[0].get_text()
     with pytest.raises(TypeError, match="by_token must be a bool"):
         qkv.diagrams.value_shift(q, k, v, rope, 100, by_token=1)
+
+
+def test_pairings_rows_draw_each_rotation_transposed_for_a_row():
+    columns = qkv.diagrams.pairings(8, matrices=True)  # the default: R_t, as before
+    rows = qkv.diagrams.pairings(8, matrices=True, rows=True)  # R_t^T: q R_t^T
+    for pairing in ("interleaved", "half"):
+        (ax,) = [ax for ax in rows.axes if ax.get_label() == f"R-{pairing}"]
+        (before,) = [ax for ax in columns.axes if ax.get_label() == f"R-{pairing}"]
+        turning = qkv.RotaryEmbedding(8, pairing=pairing, angle_dtype=torch.float64).matrix(1)
+        texts = {t.get_gid(): t.get_text() for t in ax.texts}
+        for m, n in [(m, n) for m in range(8) for n in range(8) if turning.T[m, n] != 0]:
+            sign = "c" if m == n else ("−s" if turning.T[m, n] < 0 else "s")
+            assert texts[f"R-{pairing}-{m}-{n}:text"] == sign  # the entry (m, n) of R_t^T
+        assert ax.get_title().startswith(r"$R_t^\top$") and before.get_title().startswith("$R_t$,")
+        assert (ax.get_ylabel(), ax.get_xlabel()) == ("input dimension", "output dimension")
+        assert (before.get_ylabel(), before.get_xlabel()) == ("output dimension", "input dimension")
+    (half,) = [ax for ax in rows.axes if ax.get_label() == "R-half"]
+    texts = {t.get_gid(): t.get_text() for t in half.texts}
+    assert texts["R-half-0-4:text"] == "s" and texts["R-half-4-0:text"] == "−s"  # transposed
+    x = torch.randn(8, dtype=torch.float64)  # a row: x R_t^T is the rotation R_t x
+    turning = qkv.RotaryEmbedding(8, angle_dtype=torch.float64).matrix(1)
+    torch.testing.assert_close(x @ turning.T, turning @ x)
+    assert "acts on a row" in rows._supxlabel.get_text()
+    assert "acts on a column" in columns._supxlabel.get_text()
+    with pytest.raises(TypeError, match="rows must be a bool"):
+        qkv.diagrams.pairings(8, matrices=True, rows="yes")
+
+
+def test_position_flow_rows_labels_rows_and_keeps_the_boxes():
+    mha = qkv.MultiHeadAttention(12, 3)  # d_k = 4
+    x, rope = torch.randn(5, 12), qkv.RotaryEmbedding(4)
+    columns = qkv.diagrams.rotary.position_flow(x, mha, rope)  # the default, as before
+    rows = qkv.diagrams.rotary.position_flow(x, mha, rope, rows=True)
+    texts = qkv.diagrams.texts_of(rows)
+    wanted = {r"$\tilde q_t = q_t R_t^\top$", r"$\tilde k_s = k_s R_s^\top$", r"$R_t^\top$", r"$R_s^\top$",
+              r"$\tilde q_t \tilde k_s^\top\,/\sqrt{d_k}$"}  # fmt: skip
+    assert wanted <= set(texts)
+    assert not {r"$\tilde q_t = R_t q_t$", r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"} & set(texts)
+    assert r"$\tilde q_t = R_t q_t$" in qkv.diagrams.texts_of(columns)
+    boxes = [(p.get_gid(), p.get_x(), p.get_y()) for p in rows.axes[0].patches]
+    assert boxes == [(p.get_gid(), p.get_x(), p.get_y()) for p in columns.axes[0].patches]  # same boxes
+    with pytest.raises(TypeError, match="rows must be a bool"):
+        qkv.diagrams.rotary.position_flow(x, mha, rope, rows=1)

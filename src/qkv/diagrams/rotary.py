@@ -303,7 +303,9 @@ def position_scores(
     return figure
 
 
-def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] = ("c", "s")) -> Figure:
+def pairings(
+    d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] = ("c", "s"), rows: bool = False
+) -> Figure:
     """Which dimensions of a head turn together, in each pairing, and the renumbering between them.
 
     Two rows of ``d_k`` cells, one per dimension, numbered: interleaved (Meta's
@@ -330,6 +332,12 @@ def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] =
         The names written in R_t's entries for cos tθ_j and sin tθ_j, with ``matrices``.
         Default ``("c", "s")``; a page that uses s for a key position, or c for
         something else, can pass ``("cos", "sin")``.
+    rows : bool
+        With ``matrices``, write each rotation in the row form, for a page whose
+        vectors are rows (``q_t R_t^T``): draw R_t^T, which acts on a row
+        (``q @ R_t.T``), its rows the input dimensions and its columns the output
+        dimensions, titled and explained as R_t^T. Default False: R_t, acting on a
+        column (``R_t q``). The rotation is the same either way.
 
     Returns
     -------
@@ -338,7 +346,7 @@ def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] =
         its pair; the lines have ``gid`` ``"move-{m}"`` (m: the interleaved row). With
         ``matrices``, the entry (m, n) of each R_t is a rectangle with ``gid``
         ``"R-{pairing}-{m}-{n}"`` and its text ``c``, ``-s`` or ``s``, on the axes
-        labelled ``"R-{pairing}"``.
+        labelled ``"R-{pairing}"`` (with ``rows``, the entry (m, n) of R_t^T).
 
     See Also
     --------
@@ -361,17 +369,20 @@ def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] =
         raise ValueError(f"d_k must be even to pair its dimensions, got {d_k}")
     if not isinstance(matrices, bool):
         raise TypeError(f"matrices must be a bool, got {type(matrices).__name__}")
+    if not isinstance(rows, bool):
+        raise TypeError(f"rows must be a bool, got {type(rows).__name__}")
+    in_rows = rows
     ok = isinstance(entries, tuple) and len(entries) == 2 and all(isinstance(x, str) and x for x in entries)
     if not ok:
         raise TypeError(f"entries must be two non-empty strings, for cos and sin, got {entries!r}")
     cos_name, sin_name = entries
-    rows = {
+    layouts = {
         "interleaved": (1.0, "interleaved: 2j with 2j + 1\n(Meta's code; GPT-J style)"),
         "half": (0.0, "half-split: j with j + $d_k/2$\n(HF's Llama; GPT-NeoX style)"),
     }
     turnings = {  # R_1, (d_k, d_k) each: every pair's sine is positive at t = 1 (θ_j ≤ 1 rad)
         pairing: RotaryEmbedding(d_k, pairing=pairing, angle_dtype=torch.float64).matrix(1)
-        for pairing in rows
+        for pairing in layouts
     }
 
     def pair_colour(pairing: str, m: int) -> str:  # dimension m turns with the other nonzero entry of row m
@@ -386,10 +397,11 @@ def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] =
         axes = figure.subplot_mosaic("RR;IH", height_ratios=[1.9, 0.45 * width])  # the rows; each R_t
         ax = axes["R"]
         for pairing, place in (("interleaved", "I"), ("half", "H")):
-            _rotation_grid(axes[place], turnings[pairing], pairing, pair_colour, entries)
+            drawn = turnings[pairing].T if in_rows else turnings[pairing]  # R_t^T acts on a row
+            _rotation_grid(axes[place], drawn, pairing, pair_colour, entries, rows=in_rows)
     else:
         ax = figure.subplots()
-    for pairing, (y, label) in rows.items():
+    for pairing, (y, label) in layouts.items():
         for m in range(d_k):
             colour = pair_colour(pairing, m)
             ax.add_patch(Rectangle((m, y), 0.9, 0.5, color=colour, alpha=0.85, gid=f"{pairing}-{m}"))
@@ -420,8 +432,9 @@ def pairings(d_k: int = 8, *, matrices: bool = False, entries: tuple[str, str] =
             if entries != ("cos", "sin")
             else r"cos and sin of $t\theta_j$"
         )
+        acts = r"$R_t^\top$ acts on a row ($q R_t^\top$)" if in_rows else r"$R_t$ acts on a column ($R_t q$)"
         figure.supxlabel(
-            rf"$R_t$ acts on a column ($R_t q$): {names} for pair $j$ (its colour); blank: 0",
+            rf"{acts}: {names} for pair $j$ (its colour); blank: 0",
             fontsize=FONT - 2,
             color=TEXT_COLOUR,
         )
@@ -434,8 +447,14 @@ def _rotation_grid(
     pairing: str,
     colour_of: Callable[[str, int], str],
     entries: tuple[str, str] = ("c", "s"),
+    *,
+    rows: bool = False,
 ) -> None:
-    """Draw R_t (d_k, d_k) on ``ax``: entries in their pair's colour, labelled c, -s or s (``entries``)."""
+    """Draw R_t (d_k, d_k) on ``ax``: entries in their pair's colour, labelled c, -s or s (``entries``).
+
+    With ``rows``, ``turning`` is R_t^T, which acts on a row: its rows are the input
+    dimensions, its columns the output dimensions, and its title says R_t^T.
+    """
     from matplotlib.patches import Rectangle
 
     d_k = turning.shape[0]
@@ -458,15 +477,19 @@ def _rotation_grid(
     ax.set_xticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 3)
     ax.set_yticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 3)
     ax.tick_params(length=0)
-    ax.set_xlabel("input dimension", fontsize=FONT - 2)
-    ax.set_ylabel("output dimension", fontsize=FONT - 2)
-    ax.set_title(f"$R_t$, {titles[pairing]}", fontsize=FONT - 1)
+    across, down = ("output", "input") if rows else ("input", "output")
+    ax.set_xlabel(f"{across} dimension", fontsize=FONT - 2)
+    ax.set_ylabel(f"{down} dimension", fontsize=FONT - 2)
+    name = r"$R_t^\top$" if rows else "$R_t$"
+    ax.set_title(f"{name}, {titles[pairing]}", fontsize=FONT - 1)
     ax.set_label(f"R-{pairing}")
     for side in ax.spines.values():
         side.set_visible(False)
 
 
-def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: bool = True) -> Figure:
+def position_flow(
+    x: object, layer: object, rotary: RotaryEmbedding, *, causal: bool = True, rows: bool = False
+) -> Figure:
     """Where position enters a rotary layer: R_t after W^Q and R_s after W^K meet in the score; V unturned.
 
     Three rows, one per role, for one head: the input X, the parameters, the rotation,
@@ -477,7 +500,8 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
     position enters, drawn in the position column too) average the value row, which
     has no rotation box (a dashed gap instead). Then ``W^O``, whose box also gives the
     layer's output shape (T, d_model).
-    Every vector is a column (``R_t q_t``); shapes are read from the objects passed.
+    Every vector is a column (``R_t q_t``), or with ``rows`` a row (``q_t R_t^T``); shapes
+    are read from the objects passed.
 
     Parameters
     ----------
@@ -489,6 +513,11 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         The rotation, for the layer's head size d_k.
     causal : bool
         Whether the softmax runs over the keys s ≤ t only (a causal mask, the default).
+    rows : bool
+        Label the vectors as rows, for a page that writes X W^Q: ``q̃_t = q_t R_t^T``,
+        ``k̃_s = k_s R_s^T``, the rotation boxes ``R_t^T`` and ``R_s^T``, the score
+        ``q̃_t k̃_s^T / √d_k``. Default False: columns, ``q̃_t = R_t q_t`` and
+        ``q̃_t^T k̃_s``. Only the labels change.
 
     Returns
     -------
@@ -567,15 +596,24 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
             fontsize=FONT * 0.8, weight="bold", color=TEXT_COLOUR, gid="head-header")  # fmt: skip
     ax.plot([column[2], column[3] + box_w], [0.3, 0.3], color=TEXT_COLOUR, linewidth=0.8, gid="head-span")
     box(0, top[1], top[1] + box_h, ROLE_COLOURS["x"], ["$X$", f"({T}, {d_model})"], "X")
-    rows = [  # role, weight, its output width, rotation box, product
-        ("q", "W^Q", f"{h}×{d_k}", ("R_t", ["$R_t$", r"rotate by $t\theta_j$"]),
-         [r"$\tilde q_t = R_t q_t$", f"t = 0…{T - 1}, size {d_k}"]),
-        ("k", "W^K", f"{h_kv}×{d_k}", ("R_s", ["$R_s$", r"rotate by $s\theta_j$"]),
-         [r"$\tilde k_s = R_s k_s$", f"s = 0…{T - 1}, size {d_k}"]),
+    if not isinstance(rows, bool):
+        raise TypeError(f"rows must be a bool, got {type(rows).__name__}")
+    if rows:  # row vectors, as X W^Q: q_t R_t^T, and the score q̃_t k̃_s^T
+        r_t, r_s = r"$R_t^\top$", r"$R_s^\top$"
+        q_t, k_s = r"$\tilde q_t = q_t R_t^\top$", r"$\tilde k_s = k_s R_s^\top$"
+        product = r"$\tilde q_t \tilde k_s^\top\,/\sqrt{d_k}$"
+    else:  # columns: R_t q_t, and the score q̃_t^T k̃_s
+        r_t, r_s, q_t, k_s = "$R_t$", "$R_s$", r"$\tilde q_t = R_t q_t$", r"$\tilde k_s = R_s k_s$"
+        product = r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"
+    rows_drawn = [  # role, weight, its output width, rotation box, product
+        ("q", "W^Q", f"{h}×{d_k}", ("R_t", [r_t, r"rotate by $t\theta_j$"]),
+         [q_t, f"t = 0…{T - 1}, size {d_k}"]),
+        ("k", "W^K", f"{h_kv}×{d_k}", ("R_s", [r_s, r"rotate by $s\theta_j$"]),
+         [k_s, f"s = 0…{T - 1}, size {d_k}"]),
         ("v", "W^V", f"{h_kv}×{d_v}", ("no-rotation", ["no rotation"]),
          ["$v_s$", f"s = 0…{T - 1}, size {d_v}"]),
     ]  # fmt: skip
-    for i, (role, w_name, out, (r_gid, r_lines), product) in enumerate(rows):
+    for i, (role, w_name, out, (r_gid, r_lines), made) in enumerate(rows_drawn):
         colour = ROLE_COLOURS[role]
         arrow(column[0] + box_w, middle[1], column[1], middle[i])
         heads = h if role == "q" else h_kv  # split before R_t: each head is rotated alone
@@ -585,9 +623,9 @@ def position_flow(x: object, layer: object, rotary: RotaryEmbedding, *, causal: 
         unturned = role == "v"
         box(2, top[i], top[i] + box_h, "#999999" if unturned else colour, r_lines, r_gid, dashed=unturned)
         arrow(column[2] + box_w, middle[i], column[3], middle[i])
-        box(3, top[i], top[i] + box_h, colour, product, role)
+        box(3, top[i], top[i] + box_h, colour, made, role)
     weights_colour = ROLE_COLOURS["weights"]
-    score = [r"$a_{ts}$", "softmax over s of", r"$\tilde q_t^\top \tilde k_s\,/\sqrt{d_k}$"]
+    score = [r"$a_{ts}$", "softmax over s of", product]
     score += ["mask: s ≤ t"] if causal else []  # the second place position enters
     box(4, top[0], top[1] + box_h, weights_colour, score, "score")
     if causal:  # the mask's own box in the position column, its line into the score's softmax
