@@ -157,15 +157,28 @@ $(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
 	$(PY) -m pytest -p no:cacheprovider tests/browser --browser -n 2
 	$(call passed,browser)
 
-# Runs every stage even when one fails, then fails if any did.
+# Runs every stage even when one fails, then fails if any did. lint and html-strict each
+# keep one core busy, so lint runs beside html-strict (its output printed after it); the
+# other stages use both cores and run alone, in order.
 test: $(STAMP)
 	@if [ -n "$(FORCE)" ]; then rm -rf $(PASSED); fi; \
-	passed=0; failed=0; failures=""; times=""; \
-	for stage in $(STAGES); do \
-	    echo "=== make $$stage"; start=$$(date +%s); \
-	    if $(MAKE) $$stage; then passed=$$((passed + 1)); \
-	    else failed=$$((failed + 1)); failures="$$failures $$stage"; fi; \
-	    times="$$times $$stage $$(( $$(date +%s) - start )) s;"; \
+	passed=0; failed=0; failures=""; times=""; lint_log=$$(mktemp); \
+	record() { times="$$times $$1 $$3 s;"; \
+	    if [ "$$2" -eq 0 ]; then passed=$$((passed + 1)); \
+	    else failed=$$((failed + 1)); failures="$$failures $$1"; fi; }; \
+	for stage in unit shape nbval html-strict browser; do \
+	    if [ $$stage = html-strict ]; then \
+	        ( start=$$(date +%s); status=0; $(MAKE) lint > "$$lint_log" 2>&1 || status=$$?; \
+	          echo "$$status $$(( $$(date +%s) - start ))" > "$$lint_log.status" ) & lint=$$!; \
+	    fi; \
+	    echo "=== make $$stage"; start=$$(date +%s); status=0; \
+	    $(MAKE) $$stage || status=$$?; \
+	    record $$stage $$status $$(( $$(date +%s) - start )); \
+	    if [ $$stage = html-strict ]; then \
+	        wait $$lint || true; echo "=== make lint (ran beside html-strict)"; cat "$$lint_log"; \
+	        read -r status seconds < "$$lint_log.status" || { status=1; seconds=0; }; \
+	        record lint $$status $$seconds; rm -f "$$lint_log" "$$lint_log.status"; \
+	    fi; \
 	done; \
 	echo "stage times:$$times"; \
 	if [ $$failed -gt 0 ]; then echo "failed:$$failures"; fi; \
