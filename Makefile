@@ -146,14 +146,15 @@ $(PASSED)/html-strict: $(STAMP) $(PACKAGE) $(BOOK_SOURCES)
 	$(JB_BUILD) --all --warningiserror --nitpick --keep-going
 	$(call passed,html-strict)
 
-# Installs Debian's Chromium when it is missing and it can (root with apt-get), brings
-# the site up to date (incremental: quick after html-strict), then runs two Chromiums
-# at once; screenshots of every page go to _build/screenshots.
+# Installs Debian's Chromium when it is missing and it can (root with apt-get), then runs
+# two Chromiums at once on the site html-strict built (its prerequisite, so the site is
+# up to date; built again only if it was deleted since); screenshots of every page go to
+# _build/screenshots.
 browser: $(PASSED)/browser
 	@echo "browser: passed (re-runs when one of its inputs changes)"
 $(PASSED)/browser: $(PASSED)/html-strict $(wildcard tests/browser/*.py)
 	scripts/system-packages chromium
-	$(JB_BUILD) --quiet
+	@[ -f $(HTML)/index.html ] || $(JB_BUILD) --quiet
 	$(PY) -m pytest -p no:cacheprovider tests/browser --browser -n 2
 	$(call passed,browser)
 
