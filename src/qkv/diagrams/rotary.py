@@ -371,7 +371,6 @@ def pairings(
         raise TypeError(f"matrices must be a bool, got {type(matrices).__name__}")
     if not isinstance(rows, bool):
         raise TypeError(f"rows must be a bool, got {type(rows).__name__}")
-    in_rows = rows
     ok = isinstance(entries, tuple) and len(entries) == 2 and all(isinstance(x, str) and x for x in entries)
     if not ok:
         raise TypeError(f"entries must be two non-empty strings, for cos and sin, got {entries!r}")
@@ -397,8 +396,8 @@ def pairings(
         axes = figure.subplot_mosaic("RR;IH", height_ratios=[1.9, 0.45 * width])  # the rows; each R_t
         ax = axes["R"]
         for pairing, place in (("interleaved", "I"), ("half", "H")):
-            drawn = turnings[pairing].T if in_rows else turnings[pairing]  # R_t^T acts on a row
-            _rotation_grid(axes[place], drawn, pairing, pair_colour, entries, rows=in_rows)
+            drawn = turnings[pairing].T if rows else turnings[pairing]  # R_t^T acts on a row
+            _rotation_grid(axes[place], drawn, pairing, pair_colour, entries, rows=rows)
     else:
         ax = figure.subplots()
     for pairing, (y, label) in layouts.items():
@@ -432,7 +431,7 @@ def pairings(
             if entries != ("cos", "sin")
             else r"cos and sin of $t\theta_j$"
         )
-        acts = r"$R_t^\top$ acts on a row ($q R_t^\top$)" if in_rows else r"$R_t$ acts on a column ($R_t q$)"
+        acts = r"$R_t^\top$ acts on a row ($q R_t^\top$)" if rows else r"$R_t$ acts on a column ($R_t q$)"
         figure.supxlabel(
             rf"{acts}: {names} for pair $j$ (its colour); blank: 0",
             fontsize=FONT - 2,
