@@ -120,6 +120,8 @@ def _soup(relative: str) -> BeautifulSoup:
 
 def _maths(relative: str) -> list[Tag]:
     """The page's maths elements (class ``math``), parsed alone: twice as fast as the whole page."""
+    # While parsing, the strainer sees the whole class attribute ("math notranslate ..."),
+    # so class_="math" matches nothing: match the word inside it.
     only_maths = SoupStrainer(class_=re.compile(r"(^|\s)math(\s|$)"))
     html = (SITE / relative).read_text(encoding="utf-8")
     return list(BeautifulSoup(html, "html.parser", parse_only=only_maths).select(".math"))
