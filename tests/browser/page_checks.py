@@ -514,6 +514,18 @@ AXE_RULES_JS = """tags => axe._audit.rules
 _AXE = Axe()
 
 
+def _inject_axe(page: Any) -> None:
+    """Load axe-core (shipped inside axe-playwright-python) into the page, once per load."""
+    if not page.evaluate("() => !!window.axe"):
+        page.evaluate(_AXE.axe_script)
+
+
+def _run_axe(page: Any, context: dict[str, Any], options: dict[str, Any]) -> AxeResults:
+    """axe-core's ``axe.run`` on the page."""
+    _inject_axe(page)
+    return AxeResults(page.evaluate("([context, options]) => axe.run(context, options)", [context, options]))
+
+
 # WCAG 2.5.8's "inline" exception: a link in a sentence, whose size the line height sets.
 # axe-core means to skip such targets, but it flagged a link that wrapped across two lines
 # (the fragment at the next line's start measured 28 px), depending on where the fonts broke
@@ -554,7 +566,7 @@ def _small_targets(page: Any, nodes: list[dict[str, Any]]) -> list[dict[str, Any
             page.wait_for_timeout(300)
             settle(page)
             only = {"preload": False, "runOnly": {"type": "rule", "values": ["target-size"]}}
-            again = Axe().run(page, context={"include": [target]}, options=only)
+            again = _run_axe(page, {"include": [target]}, only)
             if not again.response["violations"]:
                 continue
         small.append(node)
@@ -588,8 +600,7 @@ def find_accessibility_violations(page: Any, rules: str = "all", *, code: bool =
     page.add_style_tag(content="*, *::before, *::after { transition: none !important; "
                        "animation: none !important; }")  # fmt: skip
     settle(page)
-    if not page.evaluate("() => !!window.axe"):
-        page.evaluate(_AXE.axe_script)
+    _inject_axe(page)
     chosen = page.evaluate(AXE_RULES_JS, AXE_TAGS)
     assert "image-alt" in chosen and "color-contrast" in chosen, f"axe's rules not found: {chosen}"
     if rules == "structure":
@@ -598,8 +609,7 @@ def find_accessibility_violations(page: Any, rules: str = "all", *, code: bool =
         chosen = [rule for rule in chosen if rule in COLOUR_RULES]
     options = {"preload": False, "runOnly": {"type": "rule", "values": chosen}, "resultTypes": ["violations"]}
     context = {"exclude": [] if code else [[".highlight"]]}
-    response = page.evaluate("([context, options]) => axe.run(context, options)", [context, options])
-    results = AxeResults(response)
+    results = _run_axe(page, context, options)
     problems = []
     for violation in results.response["violations"]:
         if violation["id"] == "target-size":
