@@ -19,6 +19,10 @@ On the Python side (this file):
   sidebar toggles, first in the page, took the click handlers the visible buttons need.
 * The bibliography labels its entries as the text cites them, "Vaswani et al., 2017",
   not [1]-[9] (the ``qkv_author_year`` style, set as ``bibtex_default_style``).
+* Exercises are numbered page by page, from 1 (:func:`_number_exercises_per_page`):
+  sphinx-exercise numbers them with Sphinx's figure counter, which, in a book whose
+  table of contents has no section numbers, runs across the whole book ("Exercise 50"
+  on a page with three).
 * ``static/reader-view.css`` and ``static/reader-view.js`` are added to every page.
 
 In the browser (``static/reader-view.js``): the sidebar buttons open their sidebars,
@@ -213,6 +217,21 @@ class AuthorYearStyle(PlainStyle):  # type: ignore[misc]
     default_label_style = AuthorYearLabels
 
 
+def _number_exercises_per_page(app: Any, env: Any) -> list[str]:
+    """Renumber each page's exercises 1, 2, ... in the order Sphinx numbered them.
+
+    Sphinx's toctree collector assigns the numbers (``env.toc_fignumbers``) on every
+    ``env-get-updated``, for the whole book; this runs after it (a later priority). The
+    exercise titles and every reference to an exercise read their number from there.
+    """
+    for numbers in env.toc_fignumbers.values():
+        exercises = numbers.get("exercise")
+        if exercises:
+            in_order = sorted(exercises, key=exercises.__getitem__)
+            numbers["exercise"] = {ids: (n,) for n, ids in enumerate(in_order, start=1)}
+    return []
+
+
 def setup(app: Any) -> dict[str, Any]:
     register_plugin("pybtex.style.formatting", "qkv_author_year", AuthorYearStyle)
     app.connect("config-inited", _theme_defaults)
@@ -222,6 +241,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("env-purge-doc", _forget_maths_titles)
     app.connect("env-merge-info", _merge_maths_titles)
     app.connect("doctree-resolved", _typeset_title_links)
+    app.connect("env-get-updated", _number_exercises_per_page, priority=900)
     app.add_css_file("reader-view.css")
     # Deferred: it runs once the page is parsed, after searchtools.js and the search index
     # on the search page (it converts the index already loaded, and any loaded later).

@@ -183,6 +183,23 @@ def test_site_has_pages() -> None:
     assert any(is_deeper(page) for page in SIDEBAR_SAMPLE_PAGES), "sample a deeper page's sidebar too"
 
 
+EXERCISE_NUMBER = re.compile(r'class="exercise admonition"[^>]*>\s*<p class="admonition-title">'
+                             r'<span class="caption-number">Exercise (\d+) ')
+
+
+def test_exercises_are_numbered_page_by_page() -> None:
+    """Each page's exercises read 1, 2, ... (book/_ext/reader_view.py); Sphinx alone would
+    count them across the whole book, "Exercise 50" on a page with three."""
+    numbered = {}
+    for relative in built_pages():
+        numbers = [int(n) for n in EXERCISE_NUMBER.findall((SITE / relative).read_text(encoding="utf-8"))]
+        if numbers:
+            numbered[relative] = numbers
+    assert len(numbered) > 20, f"expected most pages to have exercises, found {sorted(numbered)}"
+    wrong = {page: found for page, found in numbered.items() if found != list(range(1, len(found) + 1))}
+    assert not wrong, f"exercises not numbered 1, 2, ... on their page: {wrong}"
+
+
 @pytest.mark.parametrize("relative", PAGES)
 def test_page_reads_well(open_page, relative: str) -> None:
     """Every check of a page, in two loads: light mode at phone then laptop width, then dark.
