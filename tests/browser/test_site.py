@@ -183,8 +183,10 @@ def test_site_has_pages() -> None:
     assert any(is_deeper(page) for page in SIDEBAR_SAMPLE_PAGES), "sample a deeper page's sidebar too"
 
 
-EXERCISE_NUMBER = re.compile(r'class="exercise admonition"[^>]*>\s*<p class="admonition-title">'
-                             r'<span class="caption-number">Exercise (\d+) ')
+EXERCISE_NUMBER = re.compile(
+    r'class="exercise admonition"[^>]*>\s*<p class="admonition-title">'
+    r'<span class="caption-number">Exercise (\d+) '
+)
 
 
 def test_exercises_are_numbered_page_by_page() -> None:
