@@ -579,7 +579,9 @@ def _reason(node: dict[str, Any]) -> str:
     return " / ".join(message for message in messages if message)[:200]
 
 
-def find_accessibility_violations(page: Any, rules: str = "all", *, code: bool = True) -> list[str]:
+def find_accessibility_violations(
+    page: Any, rules: str = "all", *, code: bool = True, within: str | None = None
+) -> list[str]:
     """axe-core's critical and serious violations (axe-core ships inside axe-playwright-python).
 
     ``code=False`` leaves the highlighted code blocks out: their colours and markup come
@@ -592,6 +594,9 @@ def find_accessibility_violations(page: Any, rules: str = "all", *, code: bool =
     the contrast once per colour mode: the structure does not change with the colours,
     nor the colours with the width. Of axe's rules (``AXE_TAGS``), only those that can
     report a critical or serious violation run (``AXE_RULES_JS``).
+
+    ``within``: a CSS selector; only that part of the page is checked (the tests that
+    break a page on purpose check the part they broke, not the whole page again).
     """
     if rules not in {"all", "structure", "contrast"}:
         raise ValueError(f"rules must be 'all', 'structure' or 'contrast', got {rules!r}")
@@ -608,7 +613,9 @@ def find_accessibility_violations(page: Any, rules: str = "all", *, code: bool =
     elif rules == "contrast":
         chosen = [rule for rule in chosen if rule in COLOUR_RULES]
     options = {"preload": False, "runOnly": {"type": "rule", "values": chosen}, "resultTypes": ["violations"]}
-    context = {"exclude": [] if code else [[".highlight"]]}
+    context: dict[str, Any] = {"exclude": [] if code else [[".highlight"]]}
+    if within is not None:
+        context["include"] = [[within]]
     results = _run_axe(page, context, options)
     problems = []
     for violation in results.response["violations"]:
