@@ -107,8 +107,8 @@ def test_it_learns_to_spell():
         real = held.target_out != TASK.pad_id
         return {"accuracy": (logits.argmax(-1) == held.target_out)[real].float().mean()}
 
-    log = train(model, lambda step: TASK.batch(32, generator=generator), loss, steps=120, lr=5e-3,
-                warmup=20, log_every=60, evaluate=evaluate)  # fmt: skip
+    log = train(model, lambda step: TASK.batch(32, generator=generator), loss, steps=80, lr=5e-3,
+                warmup=20, log_every=40, evaluate=evaluate)  # fmt: skip
     assert log.loss[-1] < log.loss[0]
     assert log.last("accuracy") > 0.8
 
