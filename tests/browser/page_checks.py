@@ -500,6 +500,10 @@ def find_maths_in_results(results: list[dict[str, str]]) -> list[str]:
 AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice", "experimental"]
 # The rules that judge colours; the others judge the structure, the same in either mode.
 COLOUR_RULES = {"color-contrast", "link-in-text-block"}
+# The rule that measures what a reader taps (WCAG 2.5.8): the theme's buttons, the cells'
+# toggles and copy buttons, focusable maths and code, links standing alone. Every page
+# draws them from the same templates and CSS, and it is half of axe's time on a deeper page.
+TARGET_RULES = frozenset({"target-size"})
 
 # Which of those rules can fail the check. axe reports a violation at the impact its rule
 # declares (a meta-viewport that blocks zooming comes back "moderate", though the check
@@ -580,7 +584,12 @@ def _reason(node: dict[str, Any]) -> str:
 
 
 def find_accessibility_violations(
-    page: Any, rules: str = "all", *, code: bool = True, within: str | None = None
+    page: Any,
+    rules: str = "all",
+    *,
+    code: bool = True,
+    within: str | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> list[str]:
     """axe-core's critical and serious violations (axe-core ships inside axe-playwright-python).
 
@@ -594,6 +603,8 @@ def find_accessibility_violations(
     the contrast once per colour mode: the structure does not change with the colours,
     nor the colours with the width. Of axe's rules (``AXE_TAGS``), only those that can
     report a critical or serious violation run (``AXE_RULES_JS``).
+
+    ``skip``: rules left out (the site tests leave ``TARGET_RULES`` out on deeper pages).
 
     ``within``: a CSS selector; only that part of the page is checked (the tests that
     break a page on purpose check the part they broke, not the whole page again).
@@ -612,6 +623,7 @@ def find_accessibility_violations(
         chosen = [rule for rule in chosen if rule not in COLOUR_RULES]
     elif rules == "contrast":
         chosen = [rule for rule in chosen if rule in COLOUR_RULES]
+    chosen = [rule for rule in chosen if rule not in skip]
     options = {"preload": False, "runOnly": {"type": "rule", "values": chosen}, "resultTypes": ["violations"]}
     context: dict[str, Any] = {"exclude": [] if code else [[".highlight"]]}
     if within is not None:
