@@ -63,7 +63,7 @@ def test_a_page_over_budget_fails(tmp_path: Path) -> None:
     cells = [_md("# Title"), answer, _code(long_code), proof]
     page = page_shape.measure(_notebook(tmp_path, cells))
     problems = " | ".join(page.problems)
-    for expected in ("prose 1305 > 750", "answer 200 words", "max lines 16", "no figure"):
+    for expected in ("prose 1305 > 950", "answer 200 words", "max lines 16", "no figure"):
         assert expected in problems, problems
     assert _run(str(tmp_path / "page.ipynb")).returncode == 1
 
