@@ -12,9 +12,11 @@ sees the same cache. The bytes a step must read (the cache, and the layer's
 weights) divided by its time give the bandwidth the step reached: near the card's
 memory bandwidth, the step is limited by reading memory, not by arithmetic.
 
-    python scripts/bench_decode.py --out book/inference/decode-gpu.json
+    python scripts/bench_decode.py --out decode.json
 
-book/inference/cost.ipynb reads the JSON this writes; it needs a CUDA device.
+It needs a CUDA device. book/inference/measured.ipynb quotes one run, on an NVIDIA H200,
+whose raw output is scripts/bench_decode_h200.json (tests/test_bench_decode.py checks
+that the page's folded table holds the same times).
 """
 
 from __future__ import annotations
