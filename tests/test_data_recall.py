@@ -9,21 +9,21 @@ from qkv.data import IGNORE_INDEX, AssociativeRecall, PreviousTokenTask
 
 
 def test_recall_batch_answers_are_at_the_stated_position():
-    task = AssociativeRecall(num_pairs=6, num_keys=10, num_values=7)
+    task = AssociativeRecall(num_pairs=6, num_names=10, num_numbers=7)
     batch = task.sample(200, generator=torch.Generator().manual_seed(0))
-    assert batch.keys.shape == batch.values.shape == (200, 7)
+    assert batch.names.shape == batch.numbers.shape == (200, 7)
     assert batch.target.shape == batch.position.shape == (200,)
     rows = torch.arange(200)
-    pair_keys = batch.keys[:, :-1]  # (B, n)
-    # Keys are distinct within a sequence, so the query matches exactly one pair.
-    assert all(len(set(row.tolist())) == 6 for row in pair_keys)
-    matches = pair_keys == batch.keys[:, -1:]  # (B, n)
+    pair_names = batch.names[:, :-1]  # (B, n)
+    # Names are distinct within a sequence, so the query matches exactly one pair.
+    assert all(len(set(row.tolist())) == 6 for row in pair_names)
+    matches = pair_names == batch.names[:, -1:]  # (B, n)
     assert torch.equal(matches.sum(1), torch.ones(200, dtype=torch.long))
     assert torch.equal(matches.float().argmax(1), batch.position)
-    assert torch.equal(batch.values[rows, batch.position], batch.target)
-    assert torch.equal(batch.values[:, -1], torch.full((200,), task.blank))
-    assert int(batch.values[:, :-1].max()) < 7 and int(batch.keys.max()) < 10
-    # The answer's position varies: nothing but the keys says where to look.
+    assert torch.equal(batch.numbers[rows, batch.position], batch.target)
+    assert torch.equal(batch.numbers[:, -1], torch.full((200,), task.blank))
+    assert int(batch.numbers[:, :-1].max()) < 7 and int(batch.names.max()) < 10
+    # The answer's position varies: nothing but the names say where to look.
     assert len(set(batch.position.tolist())) == 6
 
 
@@ -44,10 +44,13 @@ def test_previous_token_targets():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="num_pairs=5 pairs need as many distinct keys, but num_keys=4"):
-        AssociativeRecall(num_pairs=5, num_keys=4)
-    with pytest.raises(ValueError, match="num_values must be positive, got 0"):
-        AssociativeRecall(num_values=0)
+    with pytest.raises(ValueError, match="num_pairs=5 pairs need as many distinct names, but num_names=4"):
+        AssociativeRecall(num_pairs=5, num_names=4)
+    with pytest.raises(ValueError, match="num_numbers must be positive, got 0"):
+        AssociativeRecall(num_numbers=0)
+    # The toy's old names (keys, values) fail loudly, naming the argument.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_keys'"):
+        AssociativeRecall(num_keys=10)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="length must be at least 2"):
         PreviousTokenTask(length=1)
     with pytest.raises(TypeError, match="batch_size must be an int"):
@@ -56,7 +59,7 @@ def test_errors():
 
 def test_recall_data_does_not_depend_on_the_default_dtype():
     """A chapter that trains in float64 (torch.set_default_dtype) sees the same sequences."""
-    task = AssociativeRecall(num_pairs=6, num_keys=10, num_values=7)
+    task = AssociativeRecall(num_pairs=6, num_names=10, num_numbers=7)
     before = task.sample(50, generator=torch.Generator().manual_seed(3))
     default = torch.get_default_dtype()
     try:
@@ -64,4 +67,4 @@ def test_recall_data_does_not_depend_on_the_default_dtype():
         after = task.sample(50, generator=torch.Generator().manual_seed(3))
     finally:
         torch.set_default_dtype(default)
-    assert torch.equal(before.keys, after.keys) and torch.equal(before.values, after.values)
+    assert torch.equal(before.names, after.names) and torch.equal(before.numbers, after.numbers)

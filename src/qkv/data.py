@@ -45,43 +45,46 @@ class RecallBatch(NamedTuple):
 
     Attributes
     ----------
-    keys : LongTensor, shape (B, num_pairs + 1)
-        The pairs' keys, then the query key (one of them) at the last position.
-    values : LongTensor, shape (B, num_pairs + 1)
-        The pairs' values, then ``num_values`` (the blank) at the last position.
+    names : LongTensor, shape (B, num_pairs + 1)
+        The pairs' names, then the queried name (one of them) at the last position.
+    numbers : LongTensor, shape (B, num_pairs + 1)
+        The pairs' numbers, then ``num_numbers`` (the blank) at the last position.
     target : LongTensor, shape (B,)
-        The value paired with the query key: the answer.
+        The number paired with the queried name: the answer.
     position : LongTensor, shape (B,)
         Where that pair sits: the position the query must attend to.
     """
 
-    keys: Tensor
-    values: Tensor
+    names: Tensor
+    numbers: Tensor
     target: Tensor
     position: Tensor
 
 
 @dataclass(frozen=True)
 class AssociativeRecall:
-    """Associative recall: key-value pairs, then a key; answer its value.
+    """Associative recall: name-number pairs, then a name; answer its number.
 
-    Each sequence holds ``num_pairs`` pairs with distinct keys (drawn from
-    ``num_keys``) and random values (from ``num_values``), one pair per
-    position, then one query position holding one of the keys and a blank
-    value. The answer is the value paired with the query key. It sits at one
-    position only, which changes from sequence to sequence, so a model can only
-    answer by attending from the query to that position, found by matching
-    keys. The data says nothing about where to attend.
+    Each sequence holds ``num_pairs`` pairs with distinct names (drawn from
+    ``num_names``) and random numbers (from ``num_numbers``), one pair per
+    position, then one query position holding one of the names and a blank
+    number. The answer is the number paired with the queried name. It sits at
+    one position only, which changes from sequence to sequence, so a model can
+    only answer by attending from the query to that position, found by matching
+    names. The data says nothing about where to attend.
+
+    The toy's names and numbers are not attention's keys and values: those are
+    projections the model learns (K = X W^K, V = X W^V) from both.
 
     Parameters
     ----------
     num_pairs : int
         Pairs per sequence; the sequence has ``num_pairs + 1`` positions.
-    num_keys : int
-        Size of the key vocabulary; at least ``num_pairs``.
-    num_values : int
-        Size of the value vocabulary (the answers); the id ``num_values`` is
-        the blank value at the query position.
+    num_names : int
+        Size of the name vocabulary; at least ``num_pairs``.
+    num_numbers : int
+        Size of the number vocabulary (the answers); the id ``num_numbers`` is
+        the blank number at the query position.
 
     See Also
     --------
@@ -94,20 +97,21 @@ class AssociativeRecall:
     >>> from qkv.data import AssociativeRecall
     >>> generator = torch.Generator().manual_seed(0)
     >>> batch = AssociativeRecall(num_pairs=4).sample(2, generator=generator)
-    >>> batch.keys.shape, batch.target.shape
+    >>> batch.names.shape, batch.target.shape
     (torch.Size([2, 5]), torch.Size([2]))
     """
 
     num_pairs: int = 8
-    num_keys: int = 16
-    num_values: int = 16
+    num_names: int = 16
+    num_numbers: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("num_pairs", "num_keys", "num_values"):
+        for name in ("num_pairs", "num_names", "num_numbers"):
             require_positive_int(name, getattr(self, name))
-        if self.num_pairs > self.num_keys:
+        if self.num_pairs > self.num_names:
             raise ValueError(
-                f"num_pairs={self.num_pairs} pairs need as many distinct keys, but num_keys={self.num_keys}"
+                f"num_pairs={self.num_pairs} pairs need as many distinct names, "
+                f"but num_names={self.num_names}"
             )
 
     @property
@@ -117,8 +121,8 @@ class AssociativeRecall:
 
     @property
     def blank(self) -> int:
-        """The value id at the query position (not an answer)."""
-        return self.num_values
+        """The number id at the query position (not an answer)."""
+        return self.num_numbers
 
     def sample(
         self,
@@ -141,21 +145,21 @@ class AssociativeRecall:
         Returns
         -------
         RecallBatch
-            keys and values (B, num_pairs + 1), target and position (B,).
+            names and numbers (B, num_pairs + 1), target and position (B,).
         """
         batch = require_positive_int("batch_size", batch_size)
         n = self.num_pairs
         # float32 whatever torch's default dtype: the same generator gives the same data.
-        noise = torch.rand(batch, self.num_keys, generator=generator, dtype=torch.float32)  # (B, num_keys)
-        order = noise.argsort(dim=-1)  # (B, num_keys)
-        pair_keys = order[:, :n]  # (B, n): distinct keys in each sequence
-        pair_values = torch.randint(self.num_values, (batch, n), generator=generator)  # (B, n)
+        noise = torch.rand(batch, self.num_names, generator=generator, dtype=torch.float32)  # (B, num_names)
+        order = noise.argsort(dim=-1)  # (B, num_names)
+        pair_names = order[:, :n]  # (B, n): distinct names in each sequence
+        pair_numbers = torch.randint(self.num_numbers, (batch, n), generator=generator)  # (B, n)
         position = torch.randint(n, (batch,), generator=generator)  # (B,)
-        query = pair_keys.gather(1, position[:, None])  # (B, 1)
-        target = pair_values.gather(1, position[:, None])[:, 0]  # (B,)
-        keys = torch.cat([pair_keys, query], dim=1)  # (B, n + 1)
-        values = torch.cat([pair_values, torch.full((batch, 1), self.blank)], dim=1)  # (B, n + 1)
-        return RecallBatch(*(t.to(device) for t in (keys, values, target, position)))
+        query = pair_names.gather(1, position[:, None])  # (B, 1)
+        target = pair_numbers.gather(1, position[:, None])[:, 0]  # (B,)
+        names = torch.cat([pair_names, query], dim=1)  # (B, n + 1)
+        numbers = torch.cat([pair_numbers, torch.full((batch, 1), self.blank)], dim=1)  # (B, n + 1)
+        return RecallBatch(*(t.to(device) for t in (names, numbers, target, position)))
 
 
 class PreviousTokenBatch(NamedTuple):

@@ -33,17 +33,17 @@ __all__: list[str] = [
 class RecallModel(nn.Module):
     """A one-layer attention model for :class:`qkv.data.AssociativeRecall`.
 
-    Each position's input is the sum of its key's and its value's embeddings
+    Each position's input is the sum of its name's and its number's embeddings
     (no positions: the match is by content). One :class:`qkv.MultiHeadAttention`
     layer, without biases, in which no position attends to itself (unless
     ``mask_self=False``); a linear
-    readout of the query position's output gives the logits over values.
+    readout of the query position's output gives the logits over numbers.
     Nothing tells the layer where to attend: only the answer's loss trains it.
 
     Parameters
     ----------
-    num_keys, num_values : int
-        The task's vocabularies (the value embedding has one more row, for the blank).
+    num_names, num_numbers : int
+        The task's vocabularies (the number embedding has one more row, for the blank).
     embed_dim : int
         d_model.
     num_heads : int
@@ -54,10 +54,10 @@ class RecallModel(nn.Module):
 
     Attributes
     ----------
-    key_embedding : nn.Embedding, num_keys -> embed_dim
-    value_embedding : nn.Embedding, num_values + 1 -> embed_dim
+    name_embedding : nn.Embedding, num_names -> embed_dim
+    number_embedding : nn.Embedding, num_numbers + 1 -> embed_dim
     attention : qkv.MultiHeadAttention, bias=False
-    readout : nn.Linear, embed_dim -> num_values
+    readout : nn.Linear, embed_dim -> num_numbers
 
     See Also
     --------
@@ -67,8 +67,8 @@ class RecallModel(nn.Module):
 
     def __init__(
         self,
-        num_keys: int,
-        num_values: int,
+        num_names: int,
+        num_numbers: int,
         embed_dim: int = 32,
         num_heads: int = 1,
         *,
@@ -76,21 +76,21 @@ class RecallModel(nn.Module):
     ) -> None:
         super().__init__()
         self.mask_self = mask_self
-        self.num_keys = require_positive_int("num_keys", num_keys)
-        self.num_values = require_positive_int("num_values", num_values)
-        self.key_embedding = nn.Embedding(num_keys, embed_dim)
-        self.value_embedding = nn.Embedding(num_values + 1, embed_dim)
+        self.num_names = require_positive_int("num_names", num_names)
+        self.num_numbers = require_positive_int("num_numbers", num_numbers)
+        self.name_embedding = nn.Embedding(num_names, embed_dim)
+        self.number_embedding = nn.Embedding(num_numbers + 1, embed_dim)
         self.attention = MultiHeadAttention(embed_dim, num_heads, bias=False)
-        self.readout = nn.Linear(embed_dim, num_values)
+        self.readout = nn.Linear(embed_dim, num_numbers)
 
     def forward(
-        self, keys: Tensor, values: Tensor, need_weights: bool = False
+        self, names: Tensor, numbers: Tensor, need_weights: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits for the query's value.
+        """Logits for the queried name's number.
 
         Parameters
         ----------
-        keys, values : LongTensor, shape (B, L)
+        names, numbers : LongTensor, shape (B, L)
             As made by :meth:`qkv.data.AssociativeRecall.sample`; the last
             position is the query.
         need_weights : bool
@@ -98,22 +98,22 @@ class RecallModel(nn.Module):
 
         Returns
         -------
-        logits : Tensor, shape (B, num_values)
+        logits : Tensor, shape (B, num_numbers)
         weights : Tensor, shape (B, h, L, L)
             Only with ``need_weights``; row L - 1 is the query's.
         """
-        require_tensor("keys", keys, ndim=2, layout="(B, L)", floating=False)
-        require_tensor("values", values, ndim=2, layout="(B, L)", floating=False)
-        if keys.shape != values.shape:
+        require_tensor("names", names, ndim=2, layout="(B, L)", floating=False)
+        require_tensor("numbers", numbers, ndim=2, layout="(B, L)", floating=False)
+        if names.shape != numbers.shape:
             raise ValueError(
-                f"keys and values must have one shape (B, L), got {shape_str(keys.shape)} "
-                f"and {shape_str(values.shape)}"
+                f"names and numbers must have one shape (B, L), got {shape_str(names.shape)} "
+                f"and {shape_str(numbers.shape)}"
             )
-        x = self.key_embedding(keys) + self.value_embedding(values)  # (B, L, d_model)
+        x = self.name_embedding(names) + self.number_embedding(numbers)  # (B, L, d_model)
         length = x.shape[1]
         mask = ~torch.eye(length, dtype=torch.bool, device=x.device) if self.mask_self else None  # (L, L)
         output, weights = self.attention(x, mask=mask, need_weights=True)  # (B, L, d_model)
-        logits = self.readout(output[:, -1])  # (B, num_values)
+        logits = self.readout(output[:, -1])  # (B, num_numbers)
         return (logits, weights) if need_weights else logits
 
 

@@ -68,7 +68,7 @@ def one_loss(
         parameters drawn (``"embeddings"``, ``"W^Q"``, ``"W^K"``, ``"W^V"``,
         ``"W^O"``, ``"readout"``); each named parameter is labelled with its gradient's
         norm (a ``.grad`` of any shape, or a list of them taken as one vector,
-        such as the key and value embeddings; ``None`` or absent: no label).
+        such as the name and number embeddings; ``None`` or absent: no label).
     head : int
         Which head's W^Q, W^K, W^V to draw.
     mark_sum : bool
