@@ -318,7 +318,7 @@ def data_flow(
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
             if numbered:  # and its number, where a digit fits, in ink that reads at 4.5:1
                 middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
-                ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.55,
+                ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.75,
                         color=readable_ink(colour), gid=f"head-number:{product}")  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
@@ -361,7 +361,7 @@ def data_flow(
     if max(h, h_kv) > len(palette):  # too many for a colour each, and too narrow for a digit
         strips += f" (colours repeat after {len(palette)})"
     ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
-            fontsize=FONT * 0.72, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
+            fontsize=FONT * 0.8, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
     if paper:  # what texts call Q, K, V: one note under each column it names
         ax.plot([column[0], column[2] + width], [band_top + 0.02] * 2, color=EDGE_COLOUR, linewidth=0.6,
                 linestyle=":")  # fmt: skip
@@ -382,13 +382,13 @@ def data_flow(
         for i, note, gid in notes:
             for line, offset in zip(note, (0.38, 0.55, 0.72), strict=True):
                 ax.text(column[i] + width / 2, band_top + offset, line, ha="center", va="center",
-                        fontsize=FONT * 0.68, color=TEXT_COLOUR, gid=gid)  # fmt: skip
+                        fontsize=FONT * 0.8, color=TEXT_COLOUR, gid=gid)  # fmt: skip
     if attention_weights:
         box(column[3], row_top(0.5), row_top(0.5) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "A",
             _shape(h, T, S), "A")  # fmt: skip
         below = row_top(0.5) + _BOX_HEIGHT
         per_head = r"$(h, T, S)$: $T \times S$ per head"  # under A: how to read its shape
-        ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.72,
+        ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.8,
                 color=TEXT_COLOUR)  # fmt: skip
         formula = r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$"  # what makes it: above A,
         ax.text(column[3] + width / 2, row_top(0.5) - 0.2, formula, ha="center", va="center",
