@@ -769,8 +769,11 @@ def mask_conventions(
         )
     columns = 2 if len(panels) > 2 else len(panels)
     grid_rows = -(-len(panels) // columns)
+    # inches per cell: smaller where the panels would be wider than the book's column (a
+    # wider figure shows its text smaller), but room for "pad" under a cell
+    cell = max(0.38, min(0.5, (6.6 / columns - 0.9) / S))
     figure = Figure(
-        figsize=(columns * (0.5 * S + 0.9), grid_rows * (0.5 * B + 1.3)), dpi=100, layout="constrained"
+        figsize=(columns * (cell * S + 0.9), grid_rows * (cell * B + 1.3)), dpi=100, layout="constrained"
     )
     if not hugging_face and len(panels) == 3:  # two conventions above, the mistake centred
         grid = figure.add_gridspec(2, 4)
@@ -1037,10 +1040,14 @@ def empty_rows(
             raise ValueError(f"added[{name!r}] marks cells that masks[{name!r}] blocks")
         additions[name] = extra
     columns = 2 if len(grids) > 3 else len(grids)  # four panels: two rows of two
+    if columns > 2 and columns * (0.5 * S + 1.9) > 7.2:  # wider than the column: two a row
+        columns = 2
     grid_rows = -(-len(grids) // columns)
-    figure = Figure(
-        figsize=(columns * (0.5 * S + 1.9), grid_rows * (0.5 * T + 0.9) + 0.8), dpi=100, layout="constrained"
-    )
+    # inches per cell: smaller where the panels would be wider than the book's column (a
+    # wider figure shows its text smaller), down to what a "0 pad" tick label needs
+    cell = max(0.3, min(0.5, (7.0 / columns - 1.9) / S))
+    width, height = columns * (cell * S + 1.9), grid_rows * (cell * T + 1.1) + 0.9
+    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     axes = list(figure.subplots(grid_rows, columns, squeeze=False).flat)
     for ax in axes[len(grids) :]:
         ax.set_axis_off()
