@@ -191,10 +191,12 @@ def rotation(
         alpha = None if before else 0.4
         handles.append(Line2D([], [], color=ROLE_COLOURS[name], alpha=alpha, linewidth=1,
                               label=f"{name} before"))
-    caption = f"Pair {pair} (θ = {theta:.3g} rad per position); angles counter-clockwise from q to k"
+    # two lines, and the key in two columns: one long line made the figure wider than the
+    # book's column, and every text smaller
+    caption = f"Pair {pair} (θ = {theta:.3g} rad per position);\nangles counter-clockwise from q to k"
     if before:
         caption += ", before → after rotation"
-    figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=FONT - 1, frameon=False,
+    figure.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=FONT - 1, frameon=False,
                   title=caption, title_fontsize=FONT - 1)  # fmt: skip
     return figure
 
