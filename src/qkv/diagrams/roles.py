@@ -176,7 +176,8 @@ def data_flow(
     With what texts call Q, K and V written under the columns:
 
     >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha, paper=True)
-    >>> [t for t in qkv.diagrams.texts_of(figure) if t.startswith("self-attention")]  # broken to fit
+    >>> # a note wider than its column is broken in two
+    >>> [t for t in qkv.diagrams.texts_of(figure) if t.startswith("self-attention")]
     ['self-attention:\\n$Q = K = V = X$']
 
     With its own three lines under the weights:
