@@ -477,3 +477,19 @@ def test_weighted_sum_writes_the_column_sums_only_when_asked():
     formula, sums = (next(t for t in summed.axes[0].texts if t.get_gid() == gid).get_window_extent()
                      for gid in ("formula", "column-sum-0"))
     assert not formula.overlaps(sums)  # the formula is not written over the sums
+
+
+def test_empty_rows_of_six_keys_keep_near_the_books_column():
+    # The masks page's sizes: six keys, two panels. Wider than the column (720 px at
+    # 1280), a figure shows its text smaller; the autouse check in conftest.py measures it.
+    pads = torch.tensor([True, True, True, False, False, False])  # left padding
+    left = qkv.causal_mask(6) & ~pads
+    repaired = left | pads[:, None]
+    panels = {"left padding, causal": left, "repaired": repaired}
+    figure = qkv.diagrams.empty_rows(
+        panels, padding=dict.fromkeys(panels, pads), key_padding=dict.fromkeys(panels, pads),
+        added={"repaired": repaired & ~left}, title="the pads' rows have no key; repaired, none empty",
+    )  # fmt: skip
+    assert figure.get_size_inches()[0] <= 7.5  # cells of 0.3 in, not 0.5 (9.9 in)
+    three = qkv.diagrams.empty_rows({"a": left, "b": repaired, "c": left})  # two a row, not three
+    assert three.get_size_inches()[0] <= 7.5

@@ -306,7 +306,7 @@ def test_the_paper_letters_are_written_under_the_columns_they_name_and_only_when
     # (equation 1's Q, K, V) under the products
     mha = qkv.MultiHeadAttention(12, 3)
     figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True, paper=True)
-    texts = texts_of(figure)
+    texts = [text.replace("\n", " ") for text in texts_of(figure)]  # a line wider than its column breaks
     for line in (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", "self-attention: $Q = K = V = X$",
                  "are these weights", "(a loose use)", r"$\mathrm{Attention}(Q, K, V)$",
                  "(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$"):  # fmt: skip
@@ -328,11 +328,17 @@ def test_the_paper_letters_are_written_under_the_columns_they_name_and_only_when
     assert figure.get_size_inches()[1] > plain.get_size_inches()[1] == pytest.approx(4.36)
     cross = qkv.diagrams.data_flow(torch.randn(3, 12), mha, key=torch.randn(5, 12), paper=True)
     assert r"$Q = X,\ K = V = X_K$" in texts_of(cross)  # cross-attention: the inputs differ
+    for gid in ("paper:X", "paper:W", "paper:Q"):  # the notes, at 11 px, never run into each other
+        boxes = [t.get_window_extent() for t in figure.axes[0].texts if t.get_gid() == gid]
+        others = [t.get_window_extent() for t in figure.axes[0].texts
+                  if (t.get_gid() or "").startswith("paper:") and t.get_gid() != gid]  # fmt: skip
+        assert not any(box.overlaps(other) for box in boxes for other in others), gid
 
 
 def test_weights_note_replaces_only_the_lines_under_the_weights_and_defaults_to_the_loose_use():
     # weights_note: a page that cites no text calling the weights Q, K, V writes what
-    # they are instead; the other notes, their places and the figure's size stay
+    # they are instead; the other notes and their places stay (a longer note, broken where
+    # it is wider than its column, may make the band taller)
     mha = qkv.MultiHeadAttention(12, 3)
     x = torch.randn(4, 12)
     default = qkv.diagrams.data_flow(x, mha, attention_weights=True, paper=True)
@@ -342,12 +348,14 @@ def test_weights_note_replaces_only_the_lines_under_the_weights_and_defaults_to_
     def lines(figure, gid):  # the notes with this gid, with their places
         return [(t.get_text(), t.get_position()) for t in figure.axes[0].texts if t.get_gid() == gid]
 
-    assert [text for text, _ in lines(own, "paper:W")] == list(note)
-    assert [place for _, place in lines(own, "paper:W")] == [place for _, place in lines(default, "paper:W")]
+    assert [text.replace("\n", " ") for text, _ in lines(own, "paper:W")] == list(note)
+    assert lines(own, "paper:W")[0][1][1] > lines(default, "paper:W")[0][1][1]  # two rows: centred lower
+    assert [x for _, (x, _) in lines(own, "paper:W")] == [x for _, (x, _) in lines(default, "paper:W")]
     assert "(a loose use)" not in texts_of(own) and "(a loose use)" in texts_of(default)
     for gid in ("paper:X", "paper:Q", "paper-header"):
         assert lines(own, gid) == lines(default, gid)
-    assert tuple(own.get_size_inches()) == tuple(default.get_size_inches())
+    assert own.get_size_inches()[0] == default.get_size_inches()[0]
+    assert own.get_size_inches()[1] > default.get_size_inches()[1]  # five rows of notes, not four
     for wrong in (("one", "two"), ("a", "b", "c", "d"), ("a", "b", 3)):
         with pytest.raises(ValueError, match="weights_note must be three lines"):
             qkv.diagrams.data_flow(x, mha, paper=True, weights_note=wrong)

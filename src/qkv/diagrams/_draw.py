@@ -47,6 +47,9 @@ HEAD_COLOURS: tuple[str, ...] = (
 #: The diagrams' text size, in points.
 FONT = 11.0
 
+#: The smallest text a diagram draws, in points: 11 CSS px in a figure no wider than the column.
+MIN_POINTS = 8.0
+
 #: Above this many cells a matrix is drawn as blocks of one colour, without a grid.
 LARGE = 4096
 
@@ -311,7 +314,7 @@ class Canvas:
                         texts[r][c] = cell_text[r][c]
                         # The text fits its cell (about 0.6 of the side per character), or is left out.
                         points = min(0.75 * self.font, 0.9 * cell_points / max(1, len(cell_text[r][c])))
-                        if points >= 4:
+                        if points >= MIN_POINTS:  # smaller would be unreadable in the book
                             ink = TEXT_COLOUR if hatched[r][c] else ink_on(colours[r][c], alpha)
                             self.text(x + c + 0.5, y + r + 0.5, cell_text[r][c], size=points / self.font,
                                       colour=ink)  # fmt: skip
@@ -513,3 +516,44 @@ def texts_of(figure: Figure) -> list[str]:
     texts = [t.get_text() for ax in figure.axes for t in ax.texts]
     texts += [t.get_text() for t in figure.texts]  # suptitle and figure-level text
     return texts
+
+
+#: The smallest a figure's text may show, in CSS pixels, on a 1280-px-wide screen.
+MIN_TEXT_PX = 11.0
+
+#: The book's text column at 1280 px, in CSS pixels: a wider figure is scaled down to it.
+COLUMN_PX = 720.0
+
+
+def shown_text_px(figure: Figure) -> list[tuple[float, str]]:
+    """Each text drawn in ``figure`` with the size it shows at in the book, smallest first.
+
+    The book saves a figure at 100 dpi with a tight bounding box and shows it at its
+    natural width in CSS pixels, scaled down to the text column (:data:`COLUMN_PX`)
+    when wider; so ``s`` points show at ``s · 100/72 · min(1, COLUMN_PX / width)``
+    pixels. The figure is saved so, and every text it draws counts: tick labels and
+    numbers in cells too, hidden ones and those of a hidden axis not.
+    """
+    import io
+
+    from matplotlib.text import Text
+    from PIL import Image
+
+    drawn: list[Text] = []
+    draw = Text.draw
+
+    def recording(self: Text, renderer: Any) -> None:
+        if self.get_visible() and self.get_text().strip():
+            drawn.append(self)
+        draw(self, renderer)
+
+    Text.draw = recording  # type: ignore[method-assign,assignment]
+    try:
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    finally:
+        Text.draw = draw  # type: ignore[method-assign]
+    buffer.seek(0)
+    width = Image.open(buffer).size[0]
+    scale = min(1.0, COLUMN_PX / width)
+    return sorted((float(text.get_fontsize()) * 100 / 72 * scale, text.get_text()) for text in drawn)

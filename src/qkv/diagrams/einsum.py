@@ -201,20 +201,23 @@ def cross_attention_shapes(
     heights = [above + max(r[3], r[4]) + below for r in rows]
     out_h = above + canvas.inch(0.3) + max(N, HO) + below
     legend_line = 0.16  # inches: one line of the legend
-    title_h = canvas.inch(0.95 + (legend_line if book_names else 0))  # the title, the legend's lines
+    # the title and the legend's lines (four, and a fifth with the book's names)
+    title_h = canvas.inch(0.95 + legend_line + (legend_line if book_names else 0))
     width = max(x_s + M + (H - 1) * stack, x_in + HO + 2 * I + 3 * gap + canvas.inch(1.5)) + canvas.inch(1.3)
     height = title_h + sum(heights) + out_h
     canvas = Canvas(width, height, unit=unit, max_width=_MAX_WIDTH)
     default_title = "One cross-attention layer: the asker's letters and I′ (O: head size), Keras's layout"
     canvas.title(title or default_title)
-    legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)   "
-              f"H: heads\nO: head size (key_dim)   I, I′: the widths of {query_name} "
+    # Four short lines rather than three long ones: the legend sets the figure's width,
+    # and a figure wider than the book's column shows every text smaller.
+    legend = (f"N: {query_name}'s positions (target)   M: {memory_name}'s positions (source)\n"
+              f"H: heads   O: head size (key_dim)   I, I′: the widths of {query_name} "
               f"and {memory_name}\nstrong colours: this layer's learned weights (each layer "
-              f"has its own)   grey, pale: data   one sequence, biases not drawn")  # fmt: skip
+              f"has its own)\ngrey, pale: data   one sequence, biases not drawn")  # fmt: skip
     if book_names:  # the front page's names, on a line of their own
         legend += ("\nelsewhere in the book: N = $T$,  M = $S$,  H = $h$,  O = $d_k$,  "
                    r"I = $d_\mathrm{model}$,  I′ = $d_\mathrm{enc}$")  # fmt: skip
-    canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.75, gid="legend")
+    canvas.text(x_in, canvas.inch(0.3), legend, ha="left", va="top", size=0.8, gid="legend")
 
     def caption(box: dict[str, float], letters: str, sizes: tuple[int, ...], rows: str = "") -> None:
         canvas.text((box["x"] + box["right"]) / 2, box["bottom"] + canvas.inch(0.05),

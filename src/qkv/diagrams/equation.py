@@ -73,7 +73,7 @@ def _key_grid(ax: Axes, rows: int, columns: int, row_label: str) -> None:
     ax.set_aspect("equal")
     ax.set_xticks(range(columns))
     ax.set_yticks(range(rows))
-    ax.tick_params(labelsize=FONT - 3, length=0)
+    ax.tick_params(labelsize=FONT - 2, length=0)
     ax.set_xlabel("key position s", fontsize=FONT - 2)
     ax.set_ylabel(row_label, fontsize=FONT - 2)
 
@@ -289,7 +289,7 @@ def softmax_rows(
             ax.axhline(1 / length, color=TEXT_COLOUR, linestyle=":", linewidth=1)
             ax.set_ylim(0, 1)
             ax.set_title(f"{name}: largest {float(w.max()):.2f}", fontsize=FONT - 1)
-            ax.tick_params(labelsize=FONT - 3)
+            ax.tick_params(labelsize=FONT - 2)
             if c == 0:
                 ax.set_ylabel(f"{label}\nweight", fontsize=FONT - 1)
             if r == len(checked) - 1:
@@ -309,7 +309,7 @@ def _grid(ax: Axes, values: torch.Tensor, cmap: str) -> AxesImage:
     for t, row in enumerate(values.tolist()):
         for s, value in enumerate(row):
             ink = "white" if value < 0.5 else TEXT_COLOUR
-            ax.text(s, t, f"{value:.2f}", ha="center", va="center", fontsize=FONT - 3, color=ink)
+            ax.text(s, t, f"{value:.2f}", ha="center", va="center", fontsize=FONT - 2, color=ink)
     return image
 
 
@@ -352,7 +352,10 @@ def softmax_axes(scores: torch.Tensor, *, title: str | None = None) -> Figure:
 
     grid = require_tensor("scores", scores, ndim=2, layout="(T, S)").detach().double().cpu()
     T, S = grid.shape
-    figure = Figure(figsize=(2 * (0.6 * S + 1.2) + 0.8, 0.6 * T + 2.0), dpi=100, layout="constrained")
+    # inches per cell: smaller for many keys, so that the figure nears the column's width
+    # (a wider one shows its text smaller), but room for a weight written in each
+    cell = max(0.4, min(0.6, 2.0 / S))
+    figure = Figure(figsize=(2 * (cell * S + 1.2) + 0.8, cell * T + 2.0), dpi=100, layout="constrained")
     axes = figure.subplots(1, 2)
     image: AxesImage | None = None
     for ax, dim, what in zip(
@@ -374,7 +377,7 @@ def softmax_axes(scores: torch.Tensor, *, title: str | None = None) -> Figure:
         ax.set_yticks(range(T))
         ax.set_xlabel("key position s\n(below the grid: column sums)", fontsize=FONT - 2)
         ax.set_ylabel("query position t\n(right of the grid: row sums)", fontsize=FONT - 2)
-        ax.tick_params(labelsize=FONT - 3)
+        ax.tick_params(labelsize=FONT - 2)
         text = [
             [f"{float(w):.2f}" for w in row] + [f"{float(r):.2f}"]
             for row, r in zip(weights, row_sums, strict=True)
@@ -766,8 +769,11 @@ def mask_conventions(
         )
     columns = 2 if len(panels) > 2 else len(panels)
     grid_rows = -(-len(panels) // columns)
+    # inches per cell: smaller where the panels would be wider than the book's column (a
+    # wider figure shows its text smaller), but room for "pad" under a cell
+    cell = max(0.38, min(0.5, (6.6 / columns - 0.9) / S))
     figure = Figure(
-        figsize=(columns * (0.5 * S + 0.9), grid_rows * (0.5 * B + 1.3)), dpi=100, layout="constrained"
+        figsize=(columns * (cell * S + 0.9), grid_rows * (cell * B + 1.3)), dpi=100, layout="constrained"
     )
     if not hugging_face and len(panels) == 3:  # two conventions above, the mistake centred
         grid = figure.add_gridspec(2, 4)
@@ -795,7 +801,7 @@ def mask_conventions(
                 style: dict[str, Any] = {"ha": "center", "va": "center", "color": ink, "bbox": box}
                 ax.text(s, label_y, text[b][s], fontsize=FONT - 2, **style)
                 if is_pad:
-                    ax.text(s, b + 0.3, "pad", fontsize=FONT - 4, gid=f"{name}:pad:{b}:{s}", **style)
+                    ax.text(s, b + 0.3, "pad", fontsize=FONT - 3, gid=f"{name}:pad:{b}:{s}", **style)
                 colours[-1].append(colour)
                 hatched[-1].append(not is_open and not is_nan)
         register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
@@ -1034,10 +1040,14 @@ def empty_rows(
             raise ValueError(f"added[{name!r}] marks cells that masks[{name!r}] blocks")
         additions[name] = extra
     columns = 2 if len(grids) > 3 else len(grids)  # four panels: two rows of two
+    if columns > 2 and columns * (0.5 * S + 1.9) > 7.2:  # wider than the column: two a row
+        columns = 2
     grid_rows = -(-len(grids) // columns)
-    figure = Figure(
-        figsize=(columns * (0.5 * S + 1.9), grid_rows * (0.5 * T + 0.9) + 0.8), dpi=100, layout="constrained"
-    )
+    # inches per cell: smaller where the panels would be wider than the book's column (a
+    # wider figure shows its text smaller), down to what a "0 pad" tick label needs
+    cell = max(0.3, min(0.5, (7.0 / columns - 1.9) / S))
+    width, height = columns * (cell * S + 1.9), grid_rows * (cell * T + 1.1) + 0.9
+    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     axes = list(figure.subplots(grid_rows, columns, squeeze=False).flat)
     for ax in axes[len(grids) :]:
         ax.set_axis_off()

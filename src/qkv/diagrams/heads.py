@@ -15,6 +15,7 @@ import torch
 from qkv._validation import require_bool, require_positive_int, require_size, shape_str
 from qkv.diagrams._draw import (
     EDGE_COLOUR,
+    MIN_POINTS,
     ROLE_COLOURS,
     TEXT_COLOUR,
     Canvas,
@@ -197,7 +198,9 @@ def _block_names(canvas: Canvas, x_w: float, y: float, n: int, d: int, letter: s
     from matplotlib import patheffects
 
     halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]  # readable on any colour
-    name_size = min(0.85, d / (2.6 * _em(canvas)))  # a name is about 2.2 em wide: fit its block
+    # a name is about 2.2 em wide: fit its block, but no smaller than 0.8 em, which reads at
+    # 11 px even when the figure is a little wider than the book's column
+    name_size = max(0.8, min(0.85, d / (2.6 * _em(canvas))))
     for i in range(n):
         w_name = f"$W_{_index(i)}^{letter}$"
         canvas.text(x_w + i * d + d / 2, y, w_name, size=name_size, path_effects=halo, gid=f"{w_name}:inside")
@@ -766,12 +769,12 @@ def weight_storage(linear: object, num_heads: int, *, projection: str = "q") -> 
     row_size = min(1.0, d / (1.5 * em), in_features / (3.4 * em))  # (W_i^Q)^T: d cells tall
     for i in range(h):
         w_name = f"$W_{_index(i)}^{letter}$"
-        if column_size >= 0.5:  # each block's name inside it, where it fits
+        if column_size >= MIN_POINTS / canvas.font:  # each block's name inside it, where it fits
             canvas.text(x_paper + i * d + d / 2, top + in_features / 2, w_name, size=column_size,
                         path_effects=halo, gid=f"{w_name}:inside")  # fmt: skip
         middle = top + i * d + d / 2
         t_name = f"$(W_{_index(i)}^{letter})^\\top$"
-        if row_size >= 0.5:
+        if row_size >= MIN_POINTS / canvas.font:
             canvas.text(x_stored + in_features / 2, middle, t_name, size=row_size, path_effects=halo,
                         gid=f"{t_name}:inside")  # fmt: skip
         canvas.text(x_stored + in_features + canvas.inch(0.08), middle, f"[{i * d}:{(i + 1) * d}]",
@@ -851,7 +854,8 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
     maps = [*(scores / d_k**0.5).softmax(-1), wide]  # each head's, then the wide head's
     titles = [*(f"head {i + 1}" for i in range(h)), "no cut: one wide head"]
     S = k.shape[2]
-    side = min(2.2, 0.32 * max(T, S))  # inches per map
+    # inches per map, narrow enough that the figure fits the column (wider, its text would shrink)
+    side = max(1.2, min(2.2, 0.32 * max(T, S), 6.2 / (h + 1) - 0.35))
     figure = Figure(figsize=((h + 1) * (side + 0.35) + 1.0, side + 1.3), layout="constrained")
     axes = figure.subplots(1, h + 1, sharey=True)
     top = max(float(m.max()) for m in maps)
@@ -867,13 +871,13 @@ def wide_head(q: object, k: object, *, sequence: int = 0) -> Figure:
         ax.set_xlabel("key position s (from 0)")
         ax.set_xticks(range(S))
         ax.set_yticks(range(T))
-        ax.tick_params(labelsize=8)
+        ax.tick_params(labelsize=9)
     axes[0].set_ylabel("query position t (from 0)")
     bar = figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.9)
     bar.set_ticks([top * n / WEIGHT_LEVELS for n in range(0, WEIGHT_LEVELS + 1, 2)])  # on the bands' edges
     bar.ax.yaxis.set_major_formatter("{x:.2f}")
     figure.suptitle(
-        "With the cut, each head has its own softmax over the keys; without it, one softmax runs over "
+        "With the cut, each head has its own softmax over the keys;\nwithout it, one softmax runs over "
         "the heads' scores summed",
         fontsize=11,
     )

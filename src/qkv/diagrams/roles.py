@@ -47,6 +47,32 @@ _ROW, _BOX_HEIGHT = 1.12, 0.94  # a row's height and a box's
 _PARAM_HEIGHT, _NODE_TOP, _NODE_HEIGHT = 0.42, 0.55, 0.36  # in a row, from its box's top
 _OUT_GAP = 0.3  # from W^O's operation down to the layer's output
 _PAPER_BAND = 0.9  # paper=True: a header and three lines of notes under the columns
+_NOTE_LINE = 0.17  # inches from one line of those notes to the next
+_NOTE_SIZE = FONT * 0.8  # their text size, in points
+
+
+def _wrapped(line: str, width: float, size: float) -> list[str]:
+    """``line`` broken at spaces (never inside ``$...$``) into pieces no wider than ``width`` inches."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import text_to_path
+
+    def inches(text: str) -> float:
+        points = text_to_path.get_text_width_height_descent(text, FontProperties(size=size), "$" in text)[0]
+        return float(points) / 72
+
+    words: list[str] = []
+    for word in line.split(" "):  # a space inside maths joins the words around it again
+        if words and words[-1].count("$") % 2:
+            words[-1] += " " + word
+        else:
+            words.append(word)
+    pieces = [words[0]]
+    for word in words[1:]:
+        if inches(f"{pieces[-1]} {word}") <= width:
+            pieces[-1] += " " + word
+        else:
+            pieces.append(word)
+    return pieces
 
 
 def _shape(*sizes: int | str) -> str:
@@ -150,8 +176,9 @@ def data_flow(
     With what texts call Q, K and V written under the columns:
 
     >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha, paper=True)
-    >>> "self-attention: $Q = K = V = X$" in qkv.diagrams.texts_of(figure)
-    True
+    >>> # a note wider than its column is broken in two
+    >>> [t for t in qkv.diagrams.texts_of(figure) if t.startswith("self-attention")]
+    ['self-attention:\\n$Q = K = V = X$']
 
     With its own three lines under the weights:
 
@@ -195,18 +222,6 @@ def data_flow(
         ("v", "W^V", _shape(weights.vdim, f"{h_kv}·{d_v}"), "V", _shape(S, f"{h_kv}·{d_v}")),
     ]
 
-    height = 0.75 + 3 * _ROW + 0.25  # room under the products for their strips' label
-    band_top = height + 0.05  # what texts call Q, K, V (paper=True): below the strips' label
-    if paper:
-        height = band_top + _PAPER_BAND
-    projection_top = height + 0.1  # W^O's row: below the strips' label (and the band)
-    if output_projection:  # W^O and its operation, a gap, then the layer's output
-        height = projection_top + _PARAM_HEIGHT + _OUT_GAP + _BOX_HEIGHT + 0.15
-    figure = Figure(figsize=(_WIDTH, height), dpi=100)
-    ax: Axes = figure.add_axes((0.0, 0.0, 1.0, 1.0))
-    ax.set_xlim(0, _WIDTH)
-    ax.set_ylim(height, 0)  # y grows downwards: Q on top
-    ax.axis("off")
     columns, width, gap = (5, _BOX5, _GAP5) if attention_weights else (4, _BOX, _GAP)
     operations = any(f"op^{r}" in names for r in "QKV")
     gaps = [gap] * (columns - 1)
@@ -215,6 +230,35 @@ def data_flow(
         gaps[1] = _OP_GAP
     left = (_WIDTH - columns * width - sum(gaps)) / 2
     column = [left + i * width + sum(gaps[:i]) for i in range(columns)]
+    value_name = "X_V" if value is not None else key_name
+    letters = rf"$Q = X,\ K = {key_name},\ V = {value_name}$"  # cross-attention: the inputs differ
+    if self_attention:
+        letters = "self-attention: $Q = K = V = X$"  # only there: K = V = memory in cross
+    elif key_name == value_name:
+        letters = rf"$Q = X,\ K = V = {key_name}$"
+    head_i = ("(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$")
+    notes: tuple[tuple[int, list[str], str], ...] = tuple(  # (column, its lines, gid)
+        (i, ["\n".join(_wrapped(line, width + min(gaps) - 0.08, _NOTE_SIZE)) for line in lines], gid)
+        for i, lines, gid in (
+            (0, (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", letters), "paper:X"),
+            (1, weights_lines, "paper:W"),  # by default, the loose use
+            (2, (r"$\mathrm{Attention}(Q, K, V)$", *head_i), "paper:Q"),  # one head's products
+        )
+    )  # each line broken where it is wider than its column, so that notes never run together
+    note_lines = max(sum(line.count("\n") + 1 for line in lines) for _, lines, _ in notes)
+
+    height = 0.75 + 3 * _ROW + 0.25  # room under the products for their strips' label
+    band_top = height + 0.05  # what texts call Q, K, V (paper=True): below the strips' label
+    if paper:
+        height = band_top + _PAPER_BAND + _NOTE_LINE * (note_lines - 3)
+    projection_top = height + 0.1  # W^O's row: below the strips' label (and the band)
+    if output_projection:  # W^O and its operation, a gap, then the layer's output
+        height = projection_top + _PARAM_HEIGHT + _OUT_GAP + _BOX_HEIGHT + 0.15
+    figure = Figure(figsize=(_WIDTH, height), dpi=100)
+    ax: Axes = figure.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set_xlim(0, _WIDTH)
+    ax.set_ylim(height, 0)  # y grows downwards: Q on top
+    ax.axis("off")
     # The second column holds the operations (X -> X W^Q + b^Q), each with its learned
     # weights entering from above: a header over both, not "parameters" alone.
     second = ("operations", "with their trainable weights")
@@ -318,7 +362,7 @@ def data_flow(
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
             if numbered:  # and its number, where a digit fits, in ink that reads at 4.5:1
                 middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
-                ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.55,
+                ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.75,
                         color=readable_ink(colour), gid=f"head-number:{product}")  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
@@ -361,34 +405,26 @@ def data_flow(
     if max(h, h_kv) > len(palette):  # too many for a colour each, and too narrow for a digit
         strips += f" (colours repeat after {len(palette)})"
     ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
-            fontsize=FONT * 0.72, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
+            fontsize=FONT * 0.8, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
     if paper:  # what texts call Q, K, V: one note under each column it names
         ax.plot([column[0], column[2] + width], [band_top + 0.02] * 2, color=EDGE_COLOUR, linewidth=0.6,
                 linestyle=":")  # fmt: skip
         ax.text(column[0], band_top + 0.16, "what texts call $Q$, $K$, $V$:", ha="left", va="center",
                 fontsize=FONT * 0.78, weight="bold", color=TEXT_COLOUR, gid="paper-header")  # fmt: skip
-        value_name = "X_V" if value is not None else key_name
-        letters = rf"$Q = X,\ K = {key_name},\ V = {value_name}$"  # cross-attention: the inputs differ
-        if self_attention:
-            letters = "self-attention: $Q = K = V = X$"  # only there: K = V = memory in cross
-        elif key_name == value_name:
-            letters = rf"$Q = X,\ K = V = {key_name}$"
-        head_i = ("(the paper, head $i$): products,", "strip $i$ of $Q$, $K$, $V$")
-        notes: tuple[tuple[int, tuple[str, ...], str], ...] = (  # (column, its lines, gid)
-            (0, (r"$\mathrm{MultiHead}(Q, K, V)$", "(the paper): inputs,", letters), "paper:X"),
-            (1, weights_lines, "paper:W"),  # by default, the loose use
-            (2, (r"$\mathrm{Attention}(Q, K, V)$", *head_i), "paper:Q"),  # one head's products
-        )
         for i, note, gid in notes:
-            for line, offset in zip(note, (0.38, 0.55, 0.72), strict=True):
+            row = 0  # a line broken in two takes two rows
+            for line in note:
+                offset = 0.38 + _NOTE_LINE * (row + line.count("\n") / 2)
+                row += line.count("\n") + 1
                 ax.text(column[i] + width / 2, band_top + offset, line, ha="center", va="center",
-                        fontsize=FONT * 0.68, color=TEXT_COLOUR, gid=gid)  # fmt: skip
+                        fontsize=_NOTE_SIZE, color=TEXT_COLOUR, gid=gid,
+                        linespacing=_NOTE_LINE * 72 / _NOTE_SIZE)  # fmt: skip
     if attention_weights:
         box(column[3], row_top(0.5), row_top(0.5) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "A",
             _shape(h, T, S), "A")  # fmt: skip
         below = row_top(0.5) + _BOX_HEIGHT
         per_head = r"$(h, T, S)$: $T \times S$ per head"  # under A: how to read its shape
-        ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.72,
+        ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.8,
                 color=TEXT_COLOUR)  # fmt: skip
         formula = r"$\mathrm{softmax}(Q_i K_i^\top/\sqrt{d_k})$"  # what makes it: above A,
         ax.text(column[3] + width / 2, row_top(0.5) - 0.2, formula, ha="center", va="center",

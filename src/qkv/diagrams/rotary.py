@@ -137,7 +137,9 @@ def rotation(
     raw_turn = math.degrees(math.atan2(raw_k[1], raw_k[0]) - math.atan2(raw_q[1], raw_q[0]))
     raw_between = (raw_turn + 180) % 360 - 180  # from q to k before rotation, as `between` below
     reach = 1.25 * max(math.hypot(*raw_q), math.hypot(*raw_k), 1e-12)
-    figure = Figure(figsize=(3.1 * len(positions), 3.9), dpi=100, layout="constrained")
+    # Panels no wider than three to the column: a wider figure would show its text smaller.
+    panel = min(3.1, 7.2 / len(positions))  # inches
+    figure = Figure(figsize=(panel * len(positions), 3.9), dpi=100, layout="constrained")
     axes = figure.subplots(1, len(positions), squeeze=False)[0]
     for n, ((t, s), ax) in enumerate(zip(positions, axes, strict=True)):
         q, k = point(vectors["query"], t), point(vectors["key"], s)
@@ -163,7 +165,7 @@ def rotation(
             if position == 0:  # not turned: the "before" arrow lies under the turned one
                 corner = 0.97 if name == "q" else 0.88  # top left, one line apart
                 ax.text(0.03, corner, f"{name} before = {name} rotated (position 0)", transform=ax.transAxes,
-                        ha="left", va="top", fontsize=FONT - 3, color=ROLE_COLOURS[name],
+                        ha="left", va="top", fontsize=FONT - 2, color=ROLE_COLOURS[name],
                         gid=f"{name}-unturned-{n}")  # fmt: skip
         title = f"t = {t}, s = {s}  (t − s = {t - s})\nangle from q to k: {between:+.0f}°"
         if before:  # the angle before rotation (the outlines), then after it
@@ -189,10 +191,12 @@ def rotation(
         alpha = None if before else 0.4
         handles.append(Line2D([], [], color=ROLE_COLOURS[name], alpha=alpha, linewidth=1,
                               label=f"{name} before"))
-    caption = f"Pair {pair} (θ = {theta:.3g} rad per position); angles counter-clockwise from q to k"
+    # two lines, and the key in two columns: one long line made the figure wider than the
+    # book's column, and every text smaller
+    caption = f"Pair {pair} (θ = {theta:.3g} rad per position);\nangles counter-clockwise from q to k"
     if before:
         caption += ", before → after rotation"
-    figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=FONT - 1, frameon=False,
+    figure.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=FONT - 1, frameon=False,
                   title=caption, title_fontsize=FONT - 1)  # fmt: skip
     return figure
 
@@ -285,7 +289,7 @@ def position_scores(
         ax.set_xlabel("key position s", fontsize=FONT - 1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.tick_params(labelsize=FONT - 3)
+        ax.tick_params(labelsize=FONT - 2)
         rows, cols = grid.shape
         last = min(rows, cols - 1) - 1  # the last row t with a key after it, s > t
         if causal and last >= 0:  # a staircase around the cells s > t, in pixel coordinates
@@ -294,7 +298,7 @@ def position_scores(
             ax.add_patch(Polygon(outline, closed=True, fill=False, hatch="///", edgecolor=TEXT_COLOUR,
                                  linewidth=0.8, alpha=0.6, gid=f"masked-{n}"))  # fmt: skip
             ax.text(0.97, 0.97, "masked (s > t)", transform=ax.transAxes, ha="right", va="top",
-                    fontsize=FONT - 3, color=TEXT_COLOUR, bbox={"facecolor": "white", "edgecolor": "none",
+                    fontsize=FONT - 2, color=TEXT_COLOUR, bbox={"facecolor": "white", "edgecolor": "none",
                     "pad": 1.5})  # fmt: skip
     axes[0].set_ylabel("query position t", fontsize=FONT - 1)
     figure.colorbar(images[0], ax=list(axes), label=label, shrink=0.9)
@@ -420,7 +424,7 @@ def pairings(
         "rows of q_proj.weight and\nk_proj.weight, per head:\n↓ Meta's to Hugging Face's (conversion)\n"
         "undone by the inverse permute"
     )
-    ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 3, color="#777777")
+    ax.text(-0.25, 0.75, moves, ha="right", va="center", fontsize=FONT - 2, color="#777777")
     ax.set_xlim(-4.6, d_k)  # room on the left for the rows' names
     ax.set_ylim(-0.05, 1.55)
     ax.set_title(r"Dimensions of one colour rotate together (pair $j$, by $t\theta_j$)", fontsize=FONT)
@@ -473,8 +477,8 @@ def _rotation_grid(
     ax.set_ylim(d_k, 0)  # row 0 at the top, as a matrix is written
     ax.set_aspect("equal")
     ticks = [m + 0.5 for m in range(d_k)]
-    ax.set_xticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 3)
-    ax.set_yticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 3)
+    ax.set_xticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 2)
+    ax.set_yticks(ticks, [str(m) for m in range(d_k)], fontsize=FONT - 2)
     ax.tick_params(length=0)
     across, down = ("output", "input") if rows else ("input", "output")
     ax.set_xlabel(f"{across} dimension", fontsize=FONT - 2)
@@ -579,7 +583,7 @@ def position_flow(
         offsets = {1: [0.0], 2: [-0.1, 0.13], 3: [-0.2, 0.06, 0.26], 4: [-0.3, -0.04, 0.14, 0.36]}[len(lines)]
         for n, (text, offset) in enumerate(zip(lines, offsets, strict=True)):
             ax.text(column[c] + box_w / 2, (y0 + y1) / 2 + offset, text, ha="center", va="center",
-                    fontsize=FONT if n == 0 else FONT * 0.72, color=TEXT_COLOUR)  # fmt: skip
+                    fontsize=FONT if n == 0 else FONT * 0.8, color=TEXT_COLOUR)  # fmt: skip
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         style = {"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0, "shrinkA": 0, "shrinkB": 0}
@@ -838,7 +842,7 @@ def value_shift(
         ax.set(xlim=(low[0], high[0]), ylim=(low[1], high[1]), aspect="equal")
         ax.set_xlabel(f"output dimension {a}", fontsize=FONT - 1)
         ax.set_ylabel(f"output dimension {b}", fontsize=FONT - 1)
-        ax.tick_params(labelsize=FONT - 3)
+        ax.tick_params(labelsize=FONT - 1)
     turned_by = f"{turn:+.0f}°".replace("-", "−")
     radians = f"{shift * rotary.frequencies()[pair].item():.3g}".replace("-", "−")  # c·θ_j, unreduced
     axes[0].set_title(f"raw values: every {output} stays put", fontsize=FONT)

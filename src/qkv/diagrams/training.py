@@ -446,10 +446,10 @@ def step_changes(
         heights = [*numbers[:-1], sum(numbers[:-1]), numbers[-1]]
         for i, (label, height, colour) in enumerate(zip(labels, heights, colours, strict=True)):
             bar = ax.bar(i, height, color=colour, gid=f"bar-{eta:g}-{label}")
-            ax.bar_label(bar, [f"{height:+.2g}"], rotation=90, fontsize=7, padding=2)
+            ax.bar_label(bar, [f"{height:+.2g}"], rotation=90, fontsize=9, padding=2)
         ax.axhline(0, color=TEXT_COLOUR, linewidth=0.8)
-        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
-        ax.set_title(f"η = {eta:g}\nsum {heights[-2]:+.2g}, together {heights[-1]:+.2g}", fontsize=9)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=10)
+        ax.set_title(f"η = {eta:g}\nsum {heights[-2]:+.2g}, together {heights[-1]:+.2g}", fontsize=10)
         ax.margins(y=0.45)  # room for the bars' labels
     axes[0].set_ylabel("change in the loss")
     if title:
