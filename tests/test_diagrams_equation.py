@@ -434,6 +434,20 @@ def test_weighted_sum_writes_the_weights_the_values_and_their_product():
     assert sums == [f"{total:.2f}" for total in columns.sum(dim=-1).tolist()] and "1.00" not in sums
 
 
+def test_weighted_sum_draws_every_number_it_writes_negative_ones_too():
+    # A cell's number is left out only when it cannot fit at a readable size; a
+    # five-character "-0.19" in this figure's cells fits, and a reader checking o_t by
+    # hand needs every entry (a reader found V's negative entries blank).
+    weights = torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.1, 0.2, 0.3, 0.4], [0.25] * 4])  # (T, S)
+    values = torch.tensor([[0.8, 0.5], [1.0, 0.2], [-0.19, 1.2], [-1.35, 0.3]])  # (S, d_v)
+    figure = qkv.diagrams.weighted_sum(weights, values, query=0, query_labels=True, title="t")
+    drawn = set(qkv.diagrams.texts_of(figure))
+    for name in ("A", "V", "output"):
+        written = [text for row in cells(figure, name).text for text in row if text]
+        assert written and all(text in drawn for text in written), (name, set(written) - drawn)
+    assert "-0.19" in drawn and "-1.35" in drawn
+
+
 def test_weighted_sum_numbers_the_queries_only_when_asked():
     g = torch.Generator().manual_seed(3)
     weights = torch.randn(3, 4, generator=g).softmax(dim=-1)  # (T, S)

@@ -313,7 +313,10 @@ class Canvas:
                     if cell_text[r][c]:
                         texts[r][c] = cell_text[r][c]
                         # The text fits its cell (about 0.6 of the side per character), or is left out.
-                        points = min(0.75 * self.font, 0.9 * cell_points / max(1, len(cell_text[r][c])))
+                        length = max(1, len(cell_text[r][c]))
+                        points = min(0.75 * self.font, 0.9 * cell_points / length)
+                        if points < MIN_POINTS and MIN_POINTS * 0.6 * length <= 0.85 * cell_points:
+                            points = MIN_POINTS  # a digit is about 0.6 em wide: it still fits
                         if points >= MIN_POINTS:  # smaller would be unreadable in the book
                             ink = TEXT_COLOUR if hatched[r][c] else ink_on(colours[r][c], alpha)
                             self.text(x + c + 0.5, y + r + 0.5, cell_text[r][c], size=points / self.font,
