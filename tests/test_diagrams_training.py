@@ -141,7 +141,7 @@ def test_step_changes_draws_each_part_the_sum_and_all_together():
         {0.1: [-0.01, -0.02, -0.029], 30: [-0.5, -0.25, 1.25]}, ["a", "b"], title="t"
     )
     assert len(figure.axes) == 2
-    bars = {p.get_gid(): p.get_height() for ax in figure.axes for p in ax.patches}
+    bars = {p.get_gid(): p.get_width() for ax in figure.axes for p in ax.patches}
     assert bars == pytest.approx({
         "bar-0.1-a": -0.01, "bar-0.1-b": -0.02, "bar-0.1-sum of parts": -0.03,
         "bar-0.1-all together": -0.029, "bar-30-a": -0.5, "bar-30-b": -0.25,
@@ -150,7 +150,10 @@ def test_step_changes_draws_each_part_the_sum_and_all_together():
     assert labels == ["-0.01", "-0.02", "-0.03", "-0.029"]  # each bar's value, written
     titles = [ax.get_title() for ax in figure.axes]
     assert titles == ["η = 0.1\nsum -0.03, together -0.029", "η = 30\nsum -0.75, together +1.2"]
-    assert figure.axes[0].get_ylabel()
+    assert all(ax.get_xlabel() for ax in figure.axes)  # each panel's own scale, named
+    names = [tick.get_text() for tick in figure.axes[0].get_yticklabels()]
+    assert names == ["a", "b", "sum of parts", "all together"]  # level, top to bottom
+    assert figure.axes[0].yaxis_inverted()
 
 
 @pytest.mark.parametrize(

@@ -409,9 +409,10 @@ def step_changes(
     Returns
     -------
     matplotlib.figure.Figure
-        One axes per step size; each bar has gid ``"bar-{step size}-{label}"``, its
-        height the value given (the sum's: the sum of the parts' values), and is
-        labelled with that value, so a bar too short to see still shows it.
+        One axes per step size, bars along x; each bar has gid
+        ``"bar-{step size}-{label}"``, its width the value given (the sum's: the sum of
+        the parts' values), and is labelled with that value, so a bar too short to see
+        still shows it.
 
     See Also
     --------
@@ -421,11 +422,12 @@ def step_changes(
     --------
     >>> import qkv
     >>> figure = qkv.diagrams.step_changes({0.1: [-0.01, -0.02, -0.03]}, ["a", "b"])
-    >>> [round(float(p.get_height()), 2) for p in figure.axes[0].patches]
+    >>> [round(float(p.get_width()), 2) for p in figure.axes[0].patches]
     [-0.01, -0.02, -0.03, -0.03]
     """
     require_matplotlib()
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     names = [str(p) for p in parts]
     if not names:
@@ -434,9 +436,18 @@ def step_changes(
         raise ValueError("changes must map at least one step size to the loss's changes")
     labels = [*names, "sum of parts", "all together"]
     colours = [EDGE_COLOUR] * len(names) + ["#4575B4", "#A50026"]
-    figure = Figure(figsize=(2.2 * len(changes) + 0.6, 3.0), dpi=100, layout="constrained")
-    axes = figure.subplots(1, len(changes), squeeze=False)[0]
-    for ax, (eta, values) in zip(axes, changes.items(), strict=True):
+    # Bars lie along x, so that the parts' names and the values read level, never rotated
+    # into one another; each panel keeps its own scale (its values may be 100 times larger).
+    # At most two panels in a row, so that each stays wide enough for its numbers.
+    columns = min(2, len(changes))
+    rows = -(-len(changes) // columns)
+    height = rows * (0.42 * len(labels) + 1.3) + 0.3
+    figure = Figure(figsize=(1.4 + 2.8 * columns, height), dpi=100, layout="constrained")
+    grid = figure.subplots(rows, columns, squeeze=False, sharey=True)
+    axes = list(grid.flat)
+    for ax in axes[len(changes):]:  # an odd count leaves the last place empty
+        ax.set_visible(False)
+    for ax, (eta, values) in zip(axes, changes.items(), strict=False):
         numbers = [float(v) for v in values]
         if len(numbers) != len(names) + 1:
             raise ValueError(
@@ -445,13 +456,16 @@ def step_changes(
             )
         heights = [*numbers[:-1], sum(numbers[:-1]), numbers[-1]]
         for i, (label, height, colour) in enumerate(zip(labels, heights, colours, strict=True)):
-            bar = ax.bar(i, height, color=colour, gid=f"bar-{eta:g}-{label}")
-            ax.bar_label(bar, [f"{height:+.2g}"], rotation=90, fontsize=9, padding=2)
-        ax.axhline(0, color=TEXT_COLOUR, linewidth=0.8)
-        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=10)
+            bar = ax.barh(i, height, color=colour, gid=f"bar-{eta:g}-{label}")
+            ax.bar_label(bar, [f"{height:+.2g}"], fontsize=9, padding=3)
+        ax.axvline(0, color=TEXT_COLOUR, linewidth=0.8)
+        ax.set_yticks(range(len(labels)), labels, fontsize=10)
         ax.set_title(f"η = {eta:g}\nsum {heights[-2]:+.2g}, together {heights[-1]:+.2g}", fontsize=10)
-        ax.margins(y=0.45)  # room for the bars' labels
-    axes[0].set_ylabel("change in the loss")
+        ax.margins(x=0.6)  # room for the bars' labels, on either side of 0
+        ax.tick_params(axis="x", labelsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=3))  # few ticks: long numbers stay apart
+        ax.set_xlabel("change in the loss", fontsize=10)
+    axes[0].invert_yaxis()  # the parts first, from the top (the axes share y)
     if title:
         figure.suptitle(title)
     return figure
