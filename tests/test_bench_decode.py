@@ -7,6 +7,7 @@ a folded cell; the benchmark's raw output is ``scripts/bench_decode_h200.json``.
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -39,6 +40,23 @@ def test_the_page_stores_the_benchmarks_own_times_to_four_digits() -> None:
     for key, (ms, uncached) in expected.items():
         assert stored[key][0] == float(f"{ms:.4g}"), key
         assert stored[key][1] == (None if uncached is None else float(f"{uncached:.4g}")), key
+
+
+def test_the_page_says_how_the_benchmark_timed() -> None:
+    cells = json.loads(PAGE.read_text(encoding="utf-8"))["cells"]
+    prose = " ".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
+    told = re.search(
+        r"mean of (\d+)\s+steps timed with CUDA events after (\d+) untimed ones "
+        r"\(without the cache, (\d+) after (\d+)\)",
+        " ".join(prose.split()),
+    )
+    assert told, "the page's 'How it was timed' no longer says the counts"
+    script = (ROOT / "scripts" / "bench_decode.py").read_text(encoding="utf-8")
+    raw = json.loads(RAW.read_text(encoding="utf-8"))
+    repeat, warmup, uncached, uncached_warmup = (int(n) for n in told.groups())
+    assert raw["repeat"] == repeat and f"warmup: int = {warmup})" in script
+    assert f"uncached_step(h_kv, batch, length, {uncached})" in script
+    assert f"repeat, warmup={uncached_warmup})" in script
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
