@@ -537,10 +537,8 @@ def shown_text_px(figure: Figure) -> list[tuple[float, str]]:
     pixels. The figure is saved so, and every text it draws counts: tick labels and
     numbers in cells too, hidden ones and those of a hidden axis not.
     """
-    import io
-
+    import matplotlib as mpl
     from matplotlib.text import Text
-    from PIL import Image
 
     drawn: list[Text] = []
     draw = Text.draw
@@ -550,13 +548,14 @@ def shown_text_px(figure: Figure) -> list[tuple[float, str]]:
             drawn.append(self)
         draw(self, renderer)
 
+    # Laid out and drawn as ``savefig`` would, but without pixels (a tenth of the time):
+    # the saved width is the tight bounding box plus its padding on each side.
     Text.draw = recording  # type: ignore[method-assign,assignment]
     try:
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+        figure.draw_without_rendering()
     finally:
         Text.draw = draw  # type: ignore[method-assign]
-    buffer.seek(0)
-    width = Image.open(buffer).size[0]
+    pad = float(mpl.rcParams["savefig.pad_inches"])
+    width = (figure.get_tightbbox().width + 2 * pad) * 100
     scale = min(1.0, COLUMN_PX / width)
     return sorted((float(text.get_fontsize()) * 100 / 72 * scale, text.get_text()) for text in drawn)
