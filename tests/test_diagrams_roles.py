@@ -201,7 +201,45 @@ def test_the_headers_tell_operations_from_learned_weights_and_the_strips_are_hea
     assert "strips: heads 1 to 3, 4 columns each" in texts  # 3 heads: no colour repeats
     assert r"$(h, T, S)$: $T \times S$ per head" in texts and "(3, 4, 4)" in texts
     plain = texts_of(qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True))
-    assert "operations" in plain and "$XW^Q$" in plain  # unnamed, the node shows its formula
+    assert "operations" in plain and r"$\times\,W^Q + b^Q$" in plain  # unnamed, the node says what it does
+    assert "$XW^Q$" not in plain  # not the product's formula: the product's box names it
+
+
+def test_an_unnamed_operation_says_what_it_does_with_the_bias_only_where_the_layer_has_one():
+    x = torch.randn(4, 12)
+    no_bias = texts_of(qkv.diagrams.data_flow(x, qkv.MultiHeadAttention(12, 3, bias=False)))
+    for role in "QKV":
+        assert rf"$\times\,W^{role}$" in no_bias and rf"$\times\,W^{role} + b^{role}$" not in no_bias
+    named = texts_of(qkv.diagrams.data_flow(x, qkv.MultiHeadAttention(12, 3), code={"op^Q": "self.query"}))
+    assert "self.query" in named and r"$\times\,W^Q + b^Q$" not in named  # a library's name wins
+    assert r"$\times\,W^K + b^K$" in named  # the others still say what they do
+
+
+def test_the_weights_carry_their_heads_blocks_in_the_strips_colours():
+    from matplotlib.colors import to_hex
+
+    # 6 query heads, 3 key and value heads: W^Q cut into 6 blocks, W^K and W^V into 3
+    mha = qkv.MultiHeadAttention(12, 6, d_k=5, d_v=3, num_kv_heads=3)
+    figure = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True)
+    for weight, product, count in (("W^Q", "Q", 6), ("W^K", "K", 3), ("W^V", "V", 3)):
+        blocks = qkv.diagrams.patches_by_gid(figure, f"heads:{weight}")
+        cells = qkv.diagrams.patches_by_gid(figure, f"heads:{product}")
+        assert len(blocks) == count
+        # block i is head i's colour, as strip i of the product, at the same opacity
+        assert [to_hex(b.get_facecolor()) for b in blocks] == [to_hex(c.get_facecolor()) for c in cells]
+        assert [b.get_alpha() for b in blocks] == [c.get_alpha() for c in cells]
+        (box,) = qkv.diagrams.patches_by_gid(figure, weight)
+        assert all(_inside((b.get_x(), b.get_y()), box) for b in blocks)  # inside W's own box
+    names = [t.get_text() for t in figure.axes[0].texts if t.get_gid() == "head-name:W^K"]
+    assert names == ["$W_{1}^K$", "$W_{2}^K$", "$W_{3}^K$"]  # three blocks: room for their names
+    for label in (t for t in figure.axes[0].texts if (t.get_gid() or "").startswith("head-name:")):
+        colour = HEAD_COLOURS[int(label.get_text().strip("$W_{")[0]) - 1] if "_" in label.get_text() else None
+        if colour is not None:
+            from qkv.diagrams._draw import contrast_ratio
+
+            assert contrast_ratio(label.get_color(), colour) >= 4.5
+    six = [t.get_text() for t in figure.axes[0].texts if t.get_gid() == "head-name:W^Q"]
+    assert six == ["1", "2", "3", "4", "5", "6"]  # six narrow blocks: numbers only
 
 
 def test_tied_preference_shades_where_the_token_prefers_another_outside_its_circle():
@@ -325,7 +363,7 @@ def test_the_paper_letters_are_written_under_the_columns_they_name_and_only_when
     plain = qkv.diagrams.data_flow(torch.randn(4, 12), mha, attention_weights=True)
     assert not [t for t in plain.axes[0].texts if (t.get_gid() or "").startswith("paper")]
     assert "are these weights" not in texts_of(plain)
-    assert figure.get_size_inches()[1] > plain.get_size_inches()[1] == pytest.approx(4.36)
+    assert figure.get_size_inches()[1] > plain.get_size_inches()[1] == pytest.approx(4.48)  # W strips
     cross = qkv.diagrams.data_flow(torch.randn(3, 12), mha, key=torch.randn(5, 12), paper=True)
     assert r"$Q = X,\ K = V = X_K$" in texts_of(cross)  # cross-attention: the inputs differ
     for gid in ("paper:X", "paper:W", "paper:Q"):  # the notes, at 11 px, never run into each other

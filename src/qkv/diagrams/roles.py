@@ -44,7 +44,10 @@ _BOX5, _GAP5 = 1.18, 0.26
 _BOX_OP, _GAP_OP = 1.08, 0.2  # five columns with the operations named: a wider gap W -> product
 _OP_GAP = 0.8
 _ROW, _BOX_HEIGHT = 1.12, 0.94  # a row's height and a box's
-_PARAM_HEIGHT, _NODE_TOP, _NODE_HEIGHT = 0.42, 0.55, 0.36  # in a row, from its box's top
+_PARAM_HEIGHT, _NODE_HEIGHT = 0.42, 0.36  # W^O's box (one line) and an operation's node
+_WEIGHT_TITLE, _WEIGHT_NAME, _WEIGHT_STRIP = 0.28, 0.16, 0.28  # W^Q's box: its title, a name, its strip
+_INTO_NODE, _ROW_NODE = 0.1, 0.3  # from W^Q's box down to its operation, and that node's height
+_STRIP_ALPHA = 0.85  # the heads' colours as the book's other head figures draw them
 _OUT_GAP = 0.3  # from W^O's operation down to the layer's output
 _PAPER_BAND = 0.9  # paper=True: a header and three lines of notes under the columns
 _NOTE_LINE = 0.17  # inches from one line of those notes to the next
@@ -100,9 +103,13 @@ def data_flow(
     which are the operations, each with its learned weights (the model's
     parameters). The arrows run from the
     input to the products, through a node for the operation (a library's name for
-    it, or the product's formula); each weight matrix enters its operation from the
+    it, or what it does: × W^Q, with + b^Q where the layer has biases; the product's
+    box names the product); each weight matrix enters its operation from the
     side, a parameter, not something made from the input. The products are cut into
-    their heads' column blocks, drawn as a strip of h cells and labelled as heads. In self-attention one
+    their heads' column blocks, drawn as a strip of h cells and labelled as heads;
+    each weight matrix carries the same strip, its column blocks W_1^Q ... W_h^Q
+    (gid ``"heads:W^Q"``), block i in head i's colour, named where the name fits
+    and numbered where only a digit does. In self-attention one
     input X feeds all three operations; pass ``key`` (and ``value``) for
     cross-attention. With ``attention_weights=True`` a fifth column draws the
     attention weights, (h, T, S): only Q and K reach them ("where to look"), and V
@@ -165,6 +172,12 @@ def data_flow(
     >>> figure = qkv.diagrams.data_flow(torch.randn(5, 12), mha)
     >>> [t for t in qkv.diagrams.texts_of(figure) if "(" in t][:3]
     ['(5, 12)', '$W^Q$ (12, 3·4)', '(5, 3·4)']
+
+    W^Q is the heads' blocks side by side, and its operation says what it does:
+
+    >>> texts = qkv.diagrams.texts_of(figure)
+    >>> [t for t in texts if t.startswith("$W_")][:3], r"$\\times\\,W^Q + b^Q$" in texts
+    (['$W_{1}^Q$', '$W_{2}^Q$', '$W_{3}^Q$'], True)
 
     Through the output projection, to the layer's output:
 
@@ -247,7 +260,14 @@ def data_flow(
     )  # each line broken where it is wider than its column, so that notes never run together
     note_lines = max(sum(line.count("\n") + 1 for line in lines) for _, lines, _ in notes)
 
-    height = 0.75 + 3 * _ROW + 0.25  # room under the products for their strips' label
+    # W^Q (K, V): its name and shape, a library's name, and its heads' strip W_1^Q ... W_h^Q;
+    # its operation below it, and the row as tall as both (never less than the old row).
+    named_weights = any(f"W^{r}" in names for r in "QKV")
+    weight_height = _WEIGHT_TITLE + _WEIGHT_NAME * named_weights + _WEIGHT_STRIP
+    node_offset = weight_height + _INTO_NODE  # the operation's top, from its row's top
+    box_height = max(_BOX_HEIGHT, node_offset + _ROW_NODE + 0.02)
+    row_height = box_height + (_ROW - _BOX_HEIGHT)
+    height = 0.75 + 3 * row_height + 0.25  # room under the products for their strips' label
     band_top = height + 0.05  # what texts call Q, K, V (paper=True): below the strips' label
     if paper:
         height = band_top + _PAPER_BAND + _NOTE_LINE * (note_lines - 3)
@@ -283,7 +303,7 @@ def data_flow(
                 color=TEXT_COLOUR)  # fmt: skip
 
     def row_top(i: float) -> float:
-        return 0.7 + i * _ROW + (_ROW - _BOX_HEIGHT) / 2
+        return 0.7 + i * row_height + (row_height - box_height) / 2
 
     def box(x0: float, top: float, bottom: float, colour: str, label: str, shape: str, gid: str) -> None:
         from matplotlib.colors import to_rgba
@@ -317,35 +337,68 @@ def data_flow(
             ax.text(x0 + width / 2, middle + offset, text, ha="center", va="center", fontsize=size,
                     color=TEXT_COLOUR, family=family)  # fmt: skip
 
-    def param(x0: float, top: float, colour: str, label: str, shape: str) -> None:
-        """A parameter: a short box above its operation, its name and shape on one line."""
+    def param(x0: float, top: float, colour: str, label: str, shape: str, heads: int = 0) -> None:
+        """A parameter: a short box above its operation, its name and shape on one line.
+
+        With ``heads``, W^Q (K, V) is cut into its heads' column blocks, a strip along
+        its bottom in the heads' colours: the big W^Q is the W_i^Q side by side.
+        """
         from matplotlib.colors import to_rgba
         from matplotlib.patches import FancyBboxPatch
 
+        tall = weight_height if heads else _PARAM_HEIGHT
         ax.add_patch(
-            FancyBboxPatch((x0, top), width, _PARAM_HEIGHT, boxstyle="round,pad=0,rounding_size=0.05",
+            FancyBboxPatch((x0, top), width, tall, boxstyle="round,pad=0,rounding_size=0.05",
                            facecolor=to_rgba(colour, 0.18), edgecolor=colour, linewidth=1.4, gid=label)
         )  # fmt: skip
         lines: list[tuple[str, float, str | None]] = [(f"{math(label)} {shape}", FONT * 0.8, None)]
         if label in names:
             name = names[label]
             lines.append((name, min(FONT * 0.75, (width - 0.1) * 72 / (0.6 * len(name))), "monospace"))
+        if heads:  # each line in its own band, the strip below them
+            for j, (text, size, family) in enumerate(lines):
+                y = top + _WEIGHT_TITLE / 2 + 0.02 + j * _WEIGHT_NAME
+                ax.text(x0 + width / 2, y, text, ha="center", va="center", fontsize=size, color=TEXT_COLOUR,
+                        family=family)  # fmt: skip
+            weight_strip(x0, top + tall - 0.05, heads, label)
+            return
         offsets = [0.0] if len(lines) == 1 else [-0.09, 0.1]
         for (text, size, family), offset in zip(lines, offsets, strict=True):
             ax.text(x0 + width / 2, top + _PARAM_HEIGHT / 2 + offset, text, ha="center", va="center",
                     fontsize=size, color=TEXT_COLOUR, family=family)  # fmt: skip
 
-    def operation_node(x0: float, top: float, colour: str, label: str, product: str) -> None:
+    def weight_strip(x0: float, bottom: float, count: int, label: str) -> None:
+        """W^Q's column blocks W_1^Q ... W_h^Q, each in its head's colour, named where the name fits."""
+        from matplotlib.patches import Rectangle
+
+        left, right, strip = x0 + 0.08, x0 + width - 0.08, _WEIGHT_STRIP - 0.07
+        cell = (right - left) / count
+        letter = label[-1]
+        named = cell >= 0.3  # room for W_i^Q: three heads in five columns, four in four
+        numbered = cell >= 0.14
+        for j in range(count):
+            colour = palette[j % len(palette)]
+            ax.add_patch(Rectangle((left + j * cell, bottom - strip), cell, strip, facecolor=colour,
+                                   alpha=_STRIP_ALPHA, edgecolor="white", linewidth=0.4,
+                                   gid=f"heads:{label}"))  # fmt: skip
+            if named or numbered:
+                text = math(f"W_{{{j + 1}}}^{letter}") if named else str(j + 1)
+                ax.text(left + (j + 0.5) * cell, bottom - strip / 2, text, ha="center", va="center",
+                        fontsize=FONT * 0.85 if named else FONT * 0.75, color=readable_ink(colour),
+                        gid=f"head-name:{label}")  # fmt: skip
+
+    def operation_node(x0: float, top: float, colour: str, label: str, product: str,
+                       tall: float = _ROW_NODE) -> None:  # fmt: skip
         """The operation on the arrow from the input to its product: white, outlined."""
         from matplotlib.patches import FancyBboxPatch
 
         ax.add_patch(
-            FancyBboxPatch((x0, top), width, _NODE_HEIGHT, boxstyle="round,pad=0,rounding_size=0.15",
+            FancyBboxPatch((x0, top), width, tall, boxstyle="round,pad=0,rounding_size=0.15",
                            facecolor="white", edgecolor=colour, linewidth=1.2, gid=f"op^{product}")
         )  # fmt: skip
         family = None if label.startswith("$") else "monospace"
         size = FONT * 0.85 if family is None else min(FONT * 0.8, (width - 0.1) * 72 / (0.6 * len(label)))
-        ax.text(x0 + width / 2, top + _NODE_HEIGHT / 2, label, ha="center", va="center", fontsize=size,
+        ax.text(x0 + width / 2, top + tall / 2, label, ha="center", va="center", fontsize=size,
                 color=TEXT_COLOUR, family=family)  # fmt: skip
 
     def head_strip(x0: float, bottom: float, count: int, product: str) -> None:
@@ -358,7 +411,7 @@ def data_flow(
         for j in range(count):  # each head in its own colour, as in the book's other head figures
             colour = palette[j % len(palette)]  # repeating only when fewer colours than heads
             ax.add_patch(Rectangle((left + j * cell, bottom - 0.06 - strip), cell, strip,
-                                   facecolor=colour,
+                                   facecolor=colour, alpha=_STRIP_ALPHA,
                                    edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
             if numbered:  # and its number, where a digit fits, in ink that reads at 4.5:1
                 middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
@@ -370,12 +423,12 @@ def data_flow(
                     arrowprops={"arrowstyle": "-|>", "color": EDGE_COLOUR, "linewidth": 1.0,
                                 "shrinkA": 0, "shrinkB": 0})  # fmt: skip
 
-    centre = {i: row_top(i) + _BOX_HEIGHT / 2 for i in (0, 0.5, 1, 1.5, 2)}
-    node = {i: row_top(i) + _NODE_TOP + _NODE_HEIGHT / 2 for i in (0, 1, 2)}  # the arrow's height
+    centre = {i: row_top(i) + box_height / 2 for i in (0, 0.5, 1, 1.5, 2)}
+    node = {i: row_top(i) + node_offset + _ROW_NODE / 2 for i in (0, 1, 2)}  # the arrow's height
     for name, tensor, fed in inputs:
-        top, bottom = row_top(min(fed)), row_top(max(fed)) + _BOX_HEIGHT
+        top, bottom = row_top(min(fed)), row_top(max(fed)) + box_height
         if len(fed) == 3:  # one X for the three rows: a box of one row's height, in the middle
-            top, bottom = row_top(1), row_top(1) + _BOX_HEIGHT
+            top, bottom = row_top(1), row_top(1) + box_height
         box(column[0], top, bottom, ROLE_COLOURS["x"], name, _shape(*tensor.shape), name)
         for i in fed:  # into the operation, not into the weights
             arrow(column[0] + width, (top + bottom) / 2, column[1], node[i])
@@ -383,17 +436,19 @@ def data_flow(
     target, out_row = ({0: 0.5, 1: 0.5, 2: 1.5}, 1.5) if attention_weights else ({0: 1, 1: 1, 2: 1}, 1)
     for i, (role, w_name, w_shape, p_name, p_shape) in enumerate(rows):
         top = row_top(i)
-        param(column[1], top, ROLE_COLOURS[role], w_name, w_shape)
+        param(column[1], top, ROLE_COLOURS[role], w_name, w_shape, h if role == "q" else h_kv)
         operation = names.get(f"op^{p_name}")
-        node_top = top + _NODE_TOP
-        operation_node(column[1], node_top, ROLE_COLOURS[role], operation or math(f"XW^{p_name}"), p_name)
-        arrow(column[1] + width / 2, top + _PARAM_HEIGHT, column[1] + width / 2, node_top)  # W enters
+        node_top = top + node_offset
+        bias = rf" + b^{p_name}" if getattr(weights, f"b_{role}") is not None else ""
+        default = rf"$\times\,W^{p_name}{bias}$"  # what the operation does; the product names itself
+        operation_node(column[1], node_top, ROLE_COLOURS[role], operation or default, p_name)
+        arrow(column[1] + width / 2, top + weight_height, column[1] + width / 2, node_top)  # W enters
         arrow(column[1] + width, node[i], column[2], node[i])
         middle = (column[1] + width + column[2]) / 2
         ax.text(middle, node[i] - 0.13, math(f"XW^{p_name} + b^{p_name}") if operation else "", ha="center",
                 va="center", fontsize=FONT * 0.75, color=TEXT_COLOUR)  # fmt: skip
-        box(column[2], top, top + _BOX_HEIGHT, ROLE_COLOURS[role], p_name, p_shape, p_name)
-        head_strip(column[2], top + _BOX_HEIGHT, h if role == "q" else h_kv, p_name)
+        box(column[2], top, top + box_height, ROLE_COLOURS[role], p_name, p_shape, p_name)
+        head_strip(column[2], top + box_height, h if role == "q" else h_kv, p_name)
         end = column[columns - 1] if role == "v" else column[3]
         arrow(column[2] + width, centre[i], end, centre[target[i]])
     # What the strips are: the products' column blocks, one cell per head.
@@ -404,7 +459,7 @@ def data_flow(
     )
     if max(h, h_kv) > len(palette):  # too many for a colour each, and too narrow for a digit
         strips += f" (colours repeat after {len(palette)})"
-    ax.text(column[2] + width / 2, row_top(2) + _BOX_HEIGHT + 0.16, strips, ha="center", va="center",
+    ax.text(column[2] + width / 2, row_top(2) + box_height + 0.16, strips, ha="center", va="center",
             fontsize=FONT * 0.8, color=TEXT_COLOUR, gid="heads-label")  # fmt: skip
     if paper:  # what texts call Q, K, V: one note under each column it names
         ax.plot([column[0], column[2] + width], [band_top + 0.02] * 2, color=EDGE_COLOUR, linewidth=0.6,
@@ -420,9 +475,9 @@ def data_flow(
                         fontsize=_NOTE_SIZE, color=TEXT_COLOUR, gid=gid,
                         linespacing=_NOTE_LINE * 72 / _NOTE_SIZE)  # fmt: skip
     if attention_weights:
-        box(column[3], row_top(0.5), row_top(0.5) + _BOX_HEIGHT, ROLE_COLOURS["weights"], "A",
+        box(column[3], row_top(0.5), row_top(0.5) + box_height, ROLE_COLOURS["weights"], "A",
             _shape(h, T, S), "A")  # fmt: skip
-        below = row_top(0.5) + _BOX_HEIGHT
+        below = row_top(0.5) + box_height
         per_head = r"$(h, T, S)$: $T \times S$ per head"  # under A: how to read its shape
         ax.text(column[3] + width / 2, below + 0.17, per_head, ha="center", va="center", fontsize=FONT * 0.8,
                 color=TEXT_COLOUR)  # fmt: skip
@@ -434,17 +489,17 @@ def data_flow(
     out_shape = _shape(T, f"{h}·{d_v}")
     top = row_top(out_row)
     colour = ROLE_COLOURS["o"] if attention_weights else ROLE_COLOURS["weights"]
-    box(column[columns - 1], top, top + _BOX_HEIGHT, colour, "heads' outputs", out_shape, "output")
+    box(column[columns - 1], top, top + box_height, colour, "heads' outputs", out_shape, "output")
     if output_projection:  # × W^O: the joined outputs down, W^O in from the left
         last, beside = column[columns - 1], column[columns - 2]
-        head_strip(last, top + _BOX_HEIGHT, h, "output")  # the heads, joined side by side
+        head_strip(last, top + box_height, h, "output")  # the heads, joined side by side
         w_o_shape = _shape(f"{h}·{d_v}", weights.w_o.shape[1])  # (h·d_v, d_model)
         param(beside, projection_top, ROLE_COLOURS["o"], "W^O", w_o_shape)
         node_top = projection_top + (_PARAM_HEIGHT - _NODE_HEIGHT) / 2
-        operation_node(last, node_top, ROLE_COLOURS["o"], r"$\times\,W^O$", "O")
+        operation_node(last, node_top, ROLE_COLOURS["o"], r"$\times\,W^O$", "O", _NODE_HEIGHT)
         middle = projection_top + _PARAM_HEIGHT / 2
         arrow(beside + width, middle, last, middle)  # W^O enters from the side
-        arrow(last + width / 2, top + _BOX_HEIGHT, last + width / 2, node_top)  # the heads, joined
+        arrow(last + width / 2, top + box_height, last + width / 2, node_top)  # the heads, joined
         out_top = projection_top + _PARAM_HEIGHT + _OUT_GAP
         arrow(last + width / 2, node_top + _NODE_HEIGHT, last + width / 2, out_top)
         box(last, out_top, out_top + _BOX_HEIGHT, ROLE_COLOURS["o"], "layer's output",
