@@ -17,8 +17,8 @@ def readable_diagrams(request, monkeypatch):
     """Fail a diagram test whose figures show a text under MIN_TEXT_PX at 1280 px, naming both.
 
     Every ``Figure`` made while a ``tests/test_diagrams*.py`` test runs is recorded with
-    the public ``qkv.diagrams`` function that made it; after the test, each is saved as
-    the book saves it and its smallest text is measured (see ``shown_text_px``).
+    the public ``qkv.diagrams`` function that made it; after the test, each is laid out
+    as the book saves it and its smallest text is measured (see ``shown_text_px``).
     """
     if not request.node.fspath.basename.startswith("test_diagrams"):
         yield

@@ -534,8 +534,8 @@ def shown_text_px(figure: Figure) -> list[tuple[float, str]]:
     The book saves a figure at 100 dpi with a tight bounding box and shows it at its
     natural width in CSS pixels, scaled down to the text column (:data:`COLUMN_PX`)
     when wider; so ``s`` points show at ``s · 100/72 · min(1, COLUMN_PX / width)``
-    pixels. The figure is saved so, and every text it draws counts: tick labels and
-    numbers in cells too, hidden ones and those of a hidden axis not.
+    pixels. The figure is laid out as saved, and every text it draws counts: tick labels
+    and numbers in cells too, hidden ones and those of a hidden axis not.
     """
     import matplotlib as mpl
     from matplotlib.text import Text
@@ -548,7 +548,7 @@ def shown_text_px(figure: Figure) -> list[tuple[float, str]]:
             drawn.append(self)
         draw(self, renderer)
 
-    # Laid out and drawn as ``savefig`` would, but without pixels (a tenth of the time):
+    # Laid out and drawn as ``savefig`` would, but without pixels (about a third less time):
     # the saved width is the tight bounding box plus its padding on each side.
     Text.draw = recording  # type: ignore[method-assign,assignment]
     try:

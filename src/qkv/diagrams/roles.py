@@ -11,7 +11,7 @@ The chapter :doc:`terminology` (book/terminology.ipynb), which draws the attenti
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from qkv.diagrams._draw import (
@@ -367,26 +367,6 @@ def data_flow(
             ax.text(x0 + width / 2, top + _PARAM_HEIGHT / 2 + offset, text, ha="center", va="center",
                     fontsize=size, color=TEXT_COLOUR, family=family)  # fmt: skip
 
-    def weight_strip(x0: float, bottom: float, count: int, label: str) -> None:
-        """W^Q's column blocks W_1^Q ... W_h^Q, each in its head's colour, named where the name fits."""
-        from matplotlib.patches import Rectangle
-
-        left, right, strip = x0 + 0.08, x0 + width - 0.08, _WEIGHT_STRIP - 0.07
-        cell = (right - left) / count
-        letter = label[-1]
-        named = cell >= 0.3  # room for W_i^Q: three heads in five columns, four in four
-        numbered = cell >= 0.14
-        for j in range(count):
-            colour = palette[j % len(palette)]
-            ax.add_patch(Rectangle((left + j * cell, bottom - strip), cell, strip, facecolor=colour,
-                                   alpha=_STRIP_ALPHA, edgecolor="white", linewidth=0.4,
-                                   gid=f"heads:{label}"))  # fmt: skip
-            if named or numbered:
-                text = math(f"W_{{{j + 1}}}^{letter}") if named else str(j + 1)
-                ax.text(left + (j + 0.5) * cell, bottom - strip / 2, text, ha="center", va="center",
-                        fontsize=FONT * 0.85 if named else FONT * 0.75, color=readable_ink(colour),
-                        gid=f"head-name:{label}")  # fmt: skip
-
     def operation_node(x0: float, top: float, colour: str, label: str, product: str,
                        tall: float = _ROW_NODE) -> None:  # fmt: skip
         """The operation on the arrow from the input to its product: white, outlined."""
@@ -401,22 +381,35 @@ def data_flow(
         ax.text(x0 + width / 2, top + tall / 2, label, ha="center", va="center", fontsize=size,
                 color=TEXT_COLOUR, family=family)  # fmt: skip
 
-    def head_strip(x0: float, bottom: float, count: int, product: str) -> None:
-        """The product's column blocks, one cell per head, along the bottom of its box."""
+    def head_cells(x0: float, top: float, tall: float, count: int, gid: str, text_gid: str,
+                   name: Callable[[int], str] | None = None) -> None:  # fmt: skip
+        """One cell per head across a box, each in its head's colour (as in the book's other
+        head figures), named ``name(j)`` where that fits, else numbered where a digit fits."""
         from matplotlib.patches import Rectangle
 
-        left, right, strip = x0 + 0.08, x0 + width - 0.08, 0.12
+        left, right = x0 + 0.08, x0 + width - 0.08
         cell = (right - left) / count
-        numbered = cell >= 0.14  # room for a digit: up to 6 heads in five columns, 9 in four
-        for j in range(count):  # each head in its own colour, as in the book's other head figures
+        named = name is not None and cell >= 0.3  # W_i^Q: three heads in five columns, four in four
+        numbered = cell >= 0.14  # a digit: up to 6 heads in five columns, 9 in four
+        for j in range(count):
             colour = palette[j % len(palette)]  # repeating only when fewer colours than heads
-            ax.add_patch(Rectangle((left + j * cell, bottom - 0.06 - strip), cell, strip,
-                                   facecolor=colour, alpha=_STRIP_ALPHA,
-                                   edgecolor="white", linewidth=0.4, gid=f"heads:{product}"))  # fmt: skip
-            if numbered:  # and its number, where a digit fits, in ink that reads at 4.5:1
-                middle = (left + (j + 0.5) * cell, bottom - 0.06 - strip / 2)
-                ax.text(*middle, str(j + 1), ha="center", va="center", fontsize=FONT * 0.75,
-                        color=readable_ink(colour), gid=f"head-number:{product}")  # fmt: skip
+            ax.add_patch(Rectangle((left + j * cell, top), cell, tall, facecolor=colour, alpha=_STRIP_ALPHA,
+                                   edgecolor="white", linewidth=0.4, gid=gid))  # fmt: skip
+            if named or numbered:  # in ink that reads at 4.5:1
+                text = name(j) if name is not None and named else str(j + 1)
+                ax.text(left + (j + 0.5) * cell, top + tall / 2, text, ha="center", va="center",
+                        fontsize=FONT * (0.85 if named else 0.75), color=readable_ink(colour),
+                        gid=text_gid)  # fmt: skip
+
+    def weight_strip(x0: float, bottom: float, count: int, label: str) -> None:
+        """W^Q's column blocks W_1^Q ... W_h^Q, named where the name fits."""
+        strip, letter = _WEIGHT_STRIP - 0.07, label[-1]
+        head_cells(x0, bottom - strip, strip, count, f"heads:{label}", f"head-name:{label}",
+                   lambda j: math(f"W_{{{j + 1}}}^{letter}"))  # fmt: skip
+
+    def head_strip(x0: float, bottom: float, count: int, product: str) -> None:
+        """The product's column blocks, one cell per head, along the bottom of its box."""
+        head_cells(x0, bottom - 0.06 - 0.12, 0.12, count, f"heads:{product}", f"head-number:{product}")
 
     def arrow(x0: float, y0: float, x1: float, y1: float) -> None:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
