@@ -1172,9 +1172,10 @@ def mask_routes(
     title : str, optional
         The figure's title: say what to look at.
     frozen : bool, default False
-        Also name, in the first question, the other way to need no gradient: frozen
-        weights (no input, projection weight or bias that requires one), as an
-        alternative to ``torch.no_grad()``. The outcomes drawn are unchanged.
+        Also name, in the first question, the other way to need no gradient: nothing
+        requires one (no input, projection weight or bias; frozen weights alone are not
+        enough when an input requires grad), as an alternative to ``torch.no_grad()``.
+        The outcomes drawn are unchanged.
 
     Returns
     -------
@@ -1260,7 +1261,7 @@ def mask_routes(
     q_tops = (top, top + 2.0)
     questions = (
         "Fast path conditions met?\neval(), torch.no_grad()"
-        + ("\nor frozen weights," if frozen else ",")
+        + ("\nor nothing requires grad," if frozen else ",")
         + "\nmha(x, x, x): one tensor\n"
         "(not equal copies),\nbatch_first=True,\neven heads, no float mask, …\n"
         "whatever need_weights is",
@@ -1285,8 +1286,7 @@ def mask_routes(
             face = fill(outcome)
             box(right + 0.8, cy - 0.09, route_w - 0.88, 0.18, face, f"routes:{i}:{what}")
             ink = "#FFFFFF" if face == NAN_COLOUR else TEXT_COLOUR
-            shown = "none: no_grad" if outcome == "none" else outcome
-            ax.text(right + 0.8 + (route_w - 0.88) / 2, cy, shown, ha="center", va="center",
+            ax.text(right + 0.8 + (route_w - 0.88) / 2, cy, outcome, ha="center", va="center",
                     fontsize=small, color=ink)  # fmt: skip
     for y, h in zip(q_tops, q_heights, strict=True):  # yes: across to the route beside it
         arrow(left + column, y + h / 2, right, y + h / 2, "yes")
