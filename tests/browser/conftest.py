@@ -5,7 +5,7 @@
 silently passing them: they need the built site and Debian's Chromium.
 
 Fixtures: ``base_url`` serves ``_build/html`` on a local port; ``browser`` is headless
-Chromium; ``open_page(relative, width=, mode=, block=, init_script=)`` opens a page of the site in a
+Chromium; ``open_page(relative, width=, mode=, block=, init_script=, reuse=)`` opens a page of the site in a
 window of that width and colour mode, with every request to another host recorded and
 refused, and, for ``test_broken_on_purpose.py``, named files of the site blocked on purpose.
 """
@@ -125,10 +125,52 @@ class PageProblems:
             route.abort()
 
 
+class _Tab:
+    """A browser tab in a colour mode, whose handlers report to the problems of its current page."""
+
+    def __init__(
+        self, browser, mode: str, width: int, block: tuple[str, ...] = (), init_script: str | None = None
+    ) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": 900})
+        # The theme keeps the reader's colour mode in localStorage.
+        self.context.add_init_script(f"window.localStorage.setItem('mode', '{mode}');")
+        if init_script:  # runs before the page's own scripts (test_broken_on_purpose.py)
+            self.context.add_init_script(init_script)
+        self.problems = PageProblems(block)
+        self.context.route("**/*", lambda route: self.problems.on_route(route))
+        self.page = self.context.new_page()
+        self.page.on("console", lambda message: self.problems.on_console(message))
+        self.page.on("pageerror", lambda error: self.problems.on_page_error(error))
+        self.page.on("response", lambda response: self.problems.on_response(response))
+
+    def open(self, url: str, width: int, block: tuple[str, ...] = ()) -> tuple[object, PageProblems]:
+        self.problems = PageProblems(block)
+        self.page.set_viewport_size({"width": width, "height": 900})
+        # The checks wait for what they need (MathJax, images, search results) themselves.
+        self.page.goto(url, wait_until="load", timeout=TIMEOUT_MS)
+        return self.page, self.problems
+
+
+@pytest.fixture(scope="session")
+def _reused_tabs(browser) -> Iterator[dict[str, _Tab]]:
+    tabs: dict[str, _Tab] = {}
+    yield tabs
+    for tab in tabs.values():
+        tab.context.close()
+
+
 @pytest.fixture
-def open_page(browser, base_url):
-    """Open a page of the site; return the Playwright page and what went wrong loading it."""
-    contexts = []
+def open_page(browser, base_url, _reused_tabs):
+    """Open a page of the site; return the Playwright page and what went wrong loading it.
+
+    ``reuse=True`` opens it in the one tab this worker keeps for that colour mode, as a
+    reader who follows a link does: starting a tab (a new renderer process) and fetching
+    the theme's scripts and styles again cost about a second a page, a third of a deeper
+    page's check. Only for checks that leave nothing behind but what a new page load
+    resets (the DOM, styles added, scrolling); a page that clicks the sidebar or blocks
+    files gets a tab of its own.
+    """
+    tabs: list[_Tab] = []
 
     def _open(
         relative: str,
@@ -136,26 +178,25 @@ def open_page(browser, base_url):
         mode: str = "light",
         block: tuple[str, ...] = (),
         init_script: str | None = None,
+        reuse: bool = False,
     ):
-        context = browser.new_context(viewport={"width": width, "height": 900})
-        # The theme keeps the reader's colour mode in localStorage.
-        context.add_init_script(f"window.localStorage.setItem('mode', '{mode}');")
-        if init_script:  # runs before the page's own scripts (test_broken_on_purpose.py)
-            context.add_init_script(init_script)
-        contexts.append(context)
-        problems = PageProblems(block)
-        context.route("**/*", problems.on_route)
-        page = context.new_page()
-        page.on("console", problems.on_console)
-        page.on("pageerror", problems.on_page_error)
-        page.on("response", problems.on_response)
-        # The checks wait for what they need (MathJax, images, search results) themselves.
-        page.goto(f"{base_url}/{relative}", wait_until="load", timeout=TIMEOUT_MS)
+        url = f"{base_url}/{relative}"
+        if reuse and not block and not init_script:
+            if mode not in _reused_tabs:
+                _reused_tabs[mode] = _Tab(browser, mode, width)
+            try:
+                return _reused_tabs[mode].open(url, width)
+            except Exception:
+                _reused_tabs.pop(mode).context.close()  # the next page starts a new tab
+                raise
+        tab = _Tab(browser, mode, width, block, init_script)
+        tabs.append(tab)
+        page, problems = tab.open(url, width, block)
         if block and any(name.endswith(".js") for name in block):
             # The theme's own console message about a blocked script is not the point.
             problems.console_errors.clear()
         return page, problems
 
     yield _open
-    for context in contexts:
-        context.close()
+    for tab in tabs:
+        tab.context.close()

@@ -213,7 +213,9 @@ def test_page_reads_well(open_page, relative: str) -> None:
     the loaded page is what a reader who widens the window sees: the theme's layout is
     CSS, and the book's own script re-measures on resize.
     """
-    page, problems = open_page(relative, width=PHONE)
+    # One tab per worker goes from page to page (conftest.open_page); a page whose sidebar
+    # buttons are clicked gets its own.
+    page, problems = open_page(relative, width=PHONE, reuse=relative not in SIDEBAR_SAMPLE_PAGES)
     code = relative == CODE_SAMPLE_PAGE  # axe checks highlighted code on one page only
     maths = wait_for_maths(page)
     no_mathjax = [f"{maths['count']} maths elements but no MathJax"] if not maths["hasMathJax"] else []
@@ -273,7 +275,7 @@ def test_page_reads_well(open_page, relative: str) -> None:
 
 def _check_dark_mode(open_page, relative: str, code: bool, failures: dict[str, list[str]]) -> None:
     """A second load in dark mode: it switches, its colours pass axe's contrast check."""
-    dark, dark_problems = open_page(relative, width=DESKTOP, mode="dark")
+    dark, dark_problems = open_page(relative, width=DESKTOP, mode="dark", reuse=True)
     wait_for_maths(dark)
     mode = dark.evaluate("document.documentElement.dataset.mode")
     assert mode == "dark", f"the page did not switch to dark mode (data-mode={mode!r})"
