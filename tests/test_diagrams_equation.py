@@ -352,9 +352,9 @@ def test_mask_routes_names_frozen_weights_only_when_asked():
     plain = qkv.diagrams.texts_of(qkv.diagrams.mask_routes(outputs, gradients, bias))
     frozen = qkv.diagrams.mask_routes(outputs, gradients, bias, frozen=True)
     question = next(t for t in qkv.diagrams.texts_of(frozen) if t.startswith("Fast path"))
-    assert "eval(), torch.no_grad()\nor nothing requires grad,\n" in question
+    assert "eval() and torch.no_grad()\n(or nothing requires grad),\n" in question
     assert not any("requires grad" in text for text in plain)  # the default: unchanged
-    assert any("eval(), torch.no_grad(),\n" in text for text in plain)
+    assert any("eval() and torch.no_grad(),\n" in text for text in plain)
     assert cells(frozen, "routes").text == cells(
         qkv.diagrams.mask_routes(outputs, gradients, bias), "routes").text
 

@@ -1260,8 +1260,8 @@ def mask_routes(
     q_heights = (1.55, 0.75)
     q_tops = (top, top + 2.0)
     questions = (
-        "Fast path conditions met?\neval(), torch.no_grad()"
-        + ("\nor nothing requires grad," if frozen else ",")
+        "Fast path conditions met?\neval() and torch.no_grad()"
+        + ("\n(or nothing requires grad)," if frozen else ",")
         + "\nmha(x, x, x): one tensor\n"
         "(not equal copies),\nbatch_first=True,\neven heads, no float mask, …\n"
         "whatever need_weights is",
