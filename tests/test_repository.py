@@ -468,6 +468,19 @@ def test_every_figure_has_alt_text_that_says_what_it_shows(path: Path) -> None:
         )
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_alt_text_without_its_figure(path: Path) -> None:
+    """Alt text sits only on a cell that stores a figure: a stale alt, left on a cell whose
+    figure moved, describes nothing (a round-22 reader found one on book/masks.ipynb)."""
+    for index, cell in enumerate(_code_cells(path)):
+        alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt")
+        if alt is None:
+            continue
+        assert any("image/png" in output.get("data", {}) for output in cell.get("outputs", [])), (
+            f"{path.name}: code cell {index} has alt text but stores no figure; move the "
+            "alt to the figure's cell or drop it"
+        )
+
 def test_no_removed_cell_holds_an_assert() -> None:
     """CONTRIBUTING's cell tags: an assert that backs a sentence stays reachable (hide-cell, a toggle).
 
