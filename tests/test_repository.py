@@ -481,6 +481,7 @@ def test_no_alt_text_without_its_figure(path: Path) -> None:
             "alt to the figure's cell or drop it"
         )
 
+
 def test_no_removed_cell_holds_an_assert() -> None:
     """CONTRIBUTING's cell tags: an assert that backs a sentence stays reachable (hide-cell, a toggle).
 

@@ -128,15 +128,13 @@ class PageProblems:
 class _Tab:
     """A browser tab in a colour mode, whose handlers report to the problems of its current page."""
 
-    def __init__(
-        self, browser, mode: str, width: int, block: tuple[str, ...] = (), init_script: str | None = None
-    ) -> None:
+    def __init__(self, browser, mode: str, width: int, init_script: str | None = None) -> None:
         self.context = browser.new_context(viewport={"width": width, "height": 900})
         # The theme keeps the reader's colour mode in localStorage.
         self.context.add_init_script(f"window.localStorage.setItem('mode', '{mode}');")
         if init_script:  # runs before the page's own scripts (test_broken_on_purpose.py)
             self.context.add_init_script(init_script)
-        self.problems = PageProblems(block)
+        self.problems = PageProblems()  # each open() starts the page's own
         self.context.route("**/*", lambda route: self.problems.on_route(route))
         self.page = self.context.new_page()
         self.page.on("console", lambda message: self.problems.on_console(message))
@@ -189,7 +187,7 @@ def open_page(browser, base_url, _reused_tabs):
             except Exception:
                 _reused_tabs.pop(mode).context.close()  # the next page starts a new tab
                 raise
-        tab = _Tab(browser, mode, width, block, init_script)
+        tab = _Tab(browser, mode, width, init_script)
         tabs.append(tab)
         page, problems = tab.open(url, width, block)
         if block and any(name.endswith(".js") for name in block):
