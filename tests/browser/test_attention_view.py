@@ -148,7 +148,7 @@ def _check_view(view, page) -> list[str]:
 @pytest.mark.parametrize("width", [PHONE, DESKTOP])
 @pytest.mark.parametrize("relative", pages_with_views() or ["book/api.html"])
 def test_views_in_the_book(open_page, relative: str, width: int) -> None:
-    page, problems = open_page(relative, width=width)
+    page, problems = open_page(relative, width=width, reuse=True)
     views = page.locator(VIEW)
     count = views.count()
     assert count, f"no view on {relative}"
@@ -174,7 +174,7 @@ def test_views_in_the_book(open_page, relative: str, width: int) -> None:
 def test_the_view_takes_the_colours_of_its_background(open_page, relative: str, dark: bool) -> None:
     """In the book's dark mode, a view on the page's dark background takes the lighter head
     colours; in a chapter, the theme puts HTML outputs in a light box, so it keeps the darker."""
-    page, problems = open_page(relative, mode="dark")
+    page, problems = open_page(relative, mode="dark", reuse=True)
     _wait_ready(page, page.locator(VIEW).count())
     view = page.locator(VIEW).first
     assert ("qkv-av-dark" in (view.get_attribute("class") or "")) is dark
@@ -185,7 +185,7 @@ def test_the_view_takes_the_colours_of_its_background(open_page, relative: str, 
 
 def test_what_the_chapters_say_their_views_show(open_page) -> None:
     """The prose's promises that only the browser can check."""
-    page, _ = open_page("book/training/recall.html")
+    page, _ = open_page("book/training/recall.html", reuse=True)
     _wait_ready(page, page.locator(VIEW).count())
     recall = page.locator(VIEW).first
     recall.locator("button.qkv-av-token").nth(3).click()
@@ -212,7 +212,7 @@ CLASSIC_NOTEBOOK_JS = """
 
 def test_where_the_classic_notebook_runs_scripts(open_page) -> None:
     fragment = _api_view_as_stored()
-    page, problems = open_page("book/api.html")
+    page, problems = open_page("book/api.html", reuse=True)
     page.evaluate("document.body.innerHTML = ''")
     page.evaluate(CLASSIC_NOTEBOOK_JS, fragment)
     page.evaluate(CLASSIC_NOTEBOOK_JS, fragment)  # the same view shown twice
@@ -232,7 +232,7 @@ def test_what_the_docstring_promises_on_views_made_here(open_page) -> None:
     tokens = [f"t{i}" for i in range(30)]
     twelve = qkv.AttentionView(torch.randn(12, 30, 30).mul(2).softmax(-1), tokens, title="twelve")
     three = qkv.AttentionView(torch.randn(3, 4, 4).softmax(-1), tokens[:4], title="three")
-    page, problems = open_page("book/api.html")
+    page, problems = open_page("book/api.html", reuse=True)
     page.set_content(f"<!doctype html><meta charset='utf-8'><body>{twelve.to_html()}{three.to_html()}</body>")
     _wait_ready(page, 2)
     big, small = page.locator(VIEW).nth(0), page.locator(VIEW).nth(1)

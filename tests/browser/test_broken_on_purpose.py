@@ -55,7 +55,7 @@ async (html) => {
 def _broken(
     open_page, html: str, width: int = PHONE, block: tuple[str, ...] = (), page: str = "book/intro.html"
 ):
-    opened, _ = open_page(page, width=width, block=block)
+    opened, _ = open_page(page, width=width, block=block, reuse=True)  # a new tab when it blocks
     wait_for_maths(opened)
     opened.evaluate(INJECT_JS, html)
     return opened
@@ -97,7 +97,7 @@ def test_a_squeezed_figure_is_caught_and_the_css_prevents_it(open_page) -> None:
     without, _ = open_page("book/masks.html", width=PHONE, block=WITHOUT_CSS)
     assert not find_broken_images(without)  # loads every figure before measuring
     assert find_squeezed_figures(without)
-    with_css, _ = open_page("book/masks.html", width=PHONE)
+    with_css, _ = open_page("book/masks.html", width=PHONE, reuse=True)
     assert not find_broken_images(with_css)
     assert not find_squeezed_figures(with_css)
 
@@ -106,7 +106,7 @@ def test_code_wider_than_the_column_is_caught_and_the_css_prevents_it(open_page)
     """An 88-character line of a chapter needs sideways scrolling at the theme's code size."""
     without, _ = open_page("book/heads/ladder.html", width=DESKTOP, block=WITHOUT_CSS)
     assert find_wider_than_column(without)
-    with_css, _ = open_page("book/heads/ladder.html", width=DESKTOP)
+    with_css, _ = open_page("book/heads/ladder.html", width=DESKTOP, reuse=True)
     assert not find_wider_than_column(with_css)
 
 
@@ -131,7 +131,7 @@ def test_long_tracebacks_are_caught(open_page) -> None:
 
 
 def test_maths_in_the_tab_title_is_caught(open_page) -> None:
-    page, _ = open_page("book/heads.html")
+    page, _ = open_page("book/heads.html", reuse=True)
     assert not find_maths_in_title(page), page.title()
     page.evaluate("document.title = 'One big \\\\(W^Q\\\\) or one per head? — Queries, Keys and Values'")
     assert find_maths_in_title(page)
