@@ -760,7 +760,7 @@ def mask_conventions(
         panels.append(
             (
                 "inverted",
-                "Mistake: Hugging Face's mask as .bool()\n"
+                "Unflipped: Hugging Face's mask as .bool()\n"
                 "(True = real token) as key_padding_mask\n"
                 "(query 0's weights)",
                 text,
@@ -805,7 +805,8 @@ def mask_conventions(
                 colours[-1].append(colour)
                 hatched[-1].append(not is_open and not is_nan)
         register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
-        _key_grid(ax, B, S, "sequence")
+        # the weights panel shows one query of each sequence (its heading says which)
+        _key_grid(ax, B, S, "sequence (its query 0)" if name == "inverted" else "sequence")
         ax.set_title(heading, fontsize=FONT - 2)
     legend = [
         Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["k"], edgecolor=EDGE_COLOUR, label="a key it may use"),
