@@ -79,7 +79,7 @@ def test_mask_conventions_writes_one_mask_three_ways_and_the_inverted_weights():
     assert [text.get_text() for text in legend.get_texts()] == ["a key it may use", "blocked", "NaN"]
     assert "query 0's weights" in figure.axes[3].get_title()
     assert figure.axes[3].get_title().startswith("Unflipped")
-    assert figure.axes[3].get_ylabel() == "sequence (its query 0)"
+    assert figure.axes[3].get_ylabel() == "query 0 of sequence"
     assert figure.axes[0].get_ylabel() == "sequence"
     assert "Hugging Face's mask as .bool()" in figure.axes[3].get_title()  # what is passed
     assert "as key_padding_mask" in figure.axes[3].get_title()  # and as which argument

@@ -806,7 +806,7 @@ def mask_conventions(
                 hatched[-1].append(not is_open and not is_nan)
         register_cells(figure, name, Cells(colours=colours, hatched=hatched, text=text, corner=(0.0, 0.0)))
         # the weights panel shows one query of each sequence (its heading says which)
-        _key_grid(ax, B, S, "sequence (its query 0)" if name == "inverted" else "sequence")
+        _key_grid(ax, B, S, "query 0 of sequence" if name == "inverted" else "sequence")
         ax.set_title(heading, fontsize=FONT - 2)
     legend = [
         Rectangle((0, 0), 1, 1, facecolor=ROLE_COLOURS["k"], edgecolor=EDGE_COLOUR, label="a key it may use"),
