@@ -284,6 +284,8 @@ def test_value_shift_by_token_names_tokens_not_positions():
     assert all("o_t" not in ax.get_title() for ax in figure.axes)
     default = qkv.diagrams.value_shift(q, k, v, rope, 100, shown=[0, 2, 5])  # unchanged: by t
     assert "$o_t$" in default.axes[0].get_title()
+    assert "$o'_t$" in default.axes[1].get_title()  # rotated values: the page's o'_t
+    assert "$o'_t$ (right)" in default.legends[0].get_texts()[0].get_text()
     assert "(t = 0, 2, 5 drawn)" in default.legends[0].get_texts()[0].get_text()
     with pytest.raises(TypeError, match="by_token must be a bool"):
         qkv.diagrams.value_shift(q, k, v, rope, 100, by_token=1)
