@@ -476,9 +476,15 @@ def test_no_alt_text_without_its_figure(path: Path) -> None:
         alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt")
         if alt is None:
             continue
-        assert any("image/png" in output.get("data", {}) for output in cell.get("outputs", [])), (
+        figures = sum("image/png" in output.get("data", {}) for output in cell.get("outputs", []))
+        assert figures, (
             f"{path.name}: code cell {index} has alt text but stores no figure; move the "
             "alt to the figure's cell or drop it"
+        )
+        # One alt per cell: a second figure in the cell would carry the first one's alt text.
+        assert figures == 1, (
+            f"{path.name}: code cell {index} stores {figures} figures under one alt text; "
+            "give each figure a cell of its own and its own alt"
         )
 
 
