@@ -796,12 +796,12 @@ def value_shift(
         tokens = "the tokens" if drawn == list(range(T)) else f"tokens {', '.join(map(str, drawn))}"
         legend = (f"outputs of {tokens} at positions 0 to {T - 1}",
                   f"the same tokens' outputs at positions {shift} to {shift + T - 1}")  # fmt: skip
-        output, label_of = "output", "token {}".format
+        output, rotated_output, label_of = "output", "output", "token {}".format
     else:
         # o'_t: the output with rotated values (the rotary chapter's answer (1))
         legend = (f"$o_t$ (left), $o'_t$ (right): the sequence at positions 0 to {T - 1}"
                   f"{_listed(drawn, T)}", f"the same, shifted to {shift} to {shift + T - 1}")  # fmt: skip
-        output, label_of = "$o_t$", "t={}".format
+        output, rotated_output, label_of = "$o_t$", "$o'_t$", "t={}".format
 
     def outputs(first: int, rotate_values: bool) -> torch.Tensor:  # (T, 2): o_t in the pair's plane
         positions = torch.arange(first, first + T)
@@ -847,7 +847,6 @@ def value_shift(
     turned_by = f"{turn:+.0f}°".replace("-", "−")
     radians = f"{shift * rotary.frequencies()[pair].item():.3g}".replace("-", "−")  # c·θ_j, unreduced
     axes[0].set_title(f"raw values: every {output} stays put", fontsize=FONT)
-    rotated_output = output.replace("o_t", "o'_t")  # the page's o'_t: outputs of rotated values
     axes[1].set_title(
         f"rotated values: in pair {pair}'s plane, every {rotated_output}\n"
         f"rotates by $c\\theta_{pair}$ = {radians} rad ≡ {turned_by}",
